@@ -1,0 +1,85 @@
+"""The `nmt` command: a click group whose subcommands live in `nmt_cli/commands/`.
+
+Subcommands are imported only when used, so `nmt score` never pays for torch and
+`nmt --help` is instant. Library code raises `NmtError` for bad input; here it
+becomes one `error: ...` line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import click
+
+from nmt_cli import __version__
+from nmt_cli.errors import NmtError
+
+# name -> (module under nmt_cli.commands, one-line help shown by `nmt --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "preprocess": ("preprocess", "Raw parallel text -> tokenized, BPE-segmented, binarized data-bin/."),
+    "learn-bpe": ("bpe", "Learn a sentencepiece BPE model from text."),
+    "apply-bpe": ("bpe", "Segment text with a BPE model (or undo it with --decode)."),
+    "binarize": ("binarize", "Binarize already-segmented text with an existing dictionary."),
+    "info": ("info", "Print an architecture or checkpoint: layers, sizes, parameter count."),
+    "train": ("train", "Train a Transformer on a data-bin/ directory."),
+    "translate": ("translate", "Translate raw text (file or stdin) with beam search."),
+    "score": ("score", "BLEU / chrF / TER as sacreBLEU reports them, and tokenized BLEU."),
+    "average": ("average", "Average the parameters of several checkpoints."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when that subcommand runs."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, (module, _) in COMMANDS.items() if _module_exists(module)]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS or not _module_exists(COMMANDS[name][0]):
+            return None
+        module = importlib.import_module(f"nmt_cli.commands.{COMMANDS[name][0]}")
+        return getattr(module, name.replace("-", "_"))
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if not rows:
+            return
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except NmtError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(1)
+        except BrokenPipeError:
+            # `nmt translate ... | head`: the reader went away; that is not an error.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(0)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+
+
+def _module_exists(module: str) -> bool:
+    return importlib.util.find_spec(f"nmt_cli.commands.{module}") is not None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="nmt")
+def main() -> None:
+    """nmt: neural machine translation with the Transformer (Vaswani et al., 2017).
+
+    \b
+    A typical run:
+      nmt preprocess -s en -t de --trainpref raw/train --validpref raw/valid \\
+          --testpref raw/test --destdir data-bin --joined-dictionary --bpe-size 8000
+      nmt train data-bin --arch transformer_small --save-dir run --max-update 2000
+      nmt translate --path run/checkpoint_best.pt < raw/test.en > hyp.de
+      nmt score --ref raw/test.de --hyp hyp.de
+    """

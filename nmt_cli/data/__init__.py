@@ -1,0 +1,1 @@
+"""Data: dictionaries, binarized corpora and batching."""

@@ -1,0 +1,135 @@
+"""Dictionary: symbols <-> ids, with fairseq's layout of the special symbols.
+
+The first four ids are always `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3, exactly as in
+fairseq, so that dictionaries (and models) move between the two toolkits with the
+same ids. The file format is fairseq's `dict.txt`: one `symbol count` per line,
+specials not listed, most frequent first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from nmt_cli.errors import NmtError, where
+
+BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+SPECIALS = (BOS, PAD, EOS, UNK)
+
+
+class Dictionary:
+    """An ordered symbol table; ids are list positions."""
+
+    def __init__(self, symbols: Sequence[str] = (), counts: Sequence[int] | None = None) -> None:
+        self.symbols: list[str] = list(SPECIALS)
+        self.counts: list[int] = [1] * len(SPECIALS)
+        self.index: dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
+        counts = counts if counts is not None else [1] * len(symbols)
+        for symbol, count in zip(symbols, counts, strict=True):
+            self.add_symbol(symbol, count)
+
+    bos, pad, eos, unk = BOS_ID, PAD_ID, EOS_ID, UNK_ID
+    nspecial = len(SPECIALS)
+
+    def __len__(self) -> int:
+        return len(self.symbols)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Dictionary) and self.symbols == other.symbols
+
+    def __contains__(self, symbol: str) -> bool:
+        return symbol in self.index
+
+    def __getitem__(self, idx: int) -> str:
+        return self.symbols[idx]
+
+    def add_symbol(self, symbol: str, count: int = 1) -> int:
+        """Add `symbol` (or add to its count); return its id."""
+        if symbol in self.index:
+            idx = self.index[symbol]
+            self.counts[idx] += count
+            return idx
+        self.index[symbol] = len(self.symbols)
+        self.symbols.append(symbol)
+        self.counts.append(count)
+        return self.index[symbol]
+
+    def id(self, symbol: str) -> int:
+        return self.index.get(symbol, UNK_ID)
+
+    def encode(self, tokens: Iterable[str], append_eos: bool = True) -> list[int]:
+        """Tokens -> ids (unknown tokens -> `<unk>`), with `</s>` appended."""
+        ids = [self.index.get(t, UNK_ID) for t in tokens]
+        if append_eos:
+            ids.append(EOS_ID)
+        return ids
+
+    def decode(self, ids: Iterable[int], strip_specials: bool = True) -> list[str]:
+        """Ids -> tokens; stops at the first `</s>` and drops `<s>`/`<pad>` by default."""
+        tokens = []
+        for i in ids:
+            i = int(i)
+            if strip_specials and i == EOS_ID:
+                break
+            if strip_specials and i in (BOS_ID, PAD_ID):
+                continue
+            tokens.append(self.symbols[i])
+        return tokens
+
+    def save(self, path: str | Path) -> None:
+        lines = [f"{s} {c}\n" for s, c in zip(self.symbols[self.nspecial:], self.counts[self.nspecial:])]
+        Path(path).write_text("".join(lines), encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Dictionary":
+        """Read a fairseq-format `dict.txt` (also fairseq's `#fairseq:overwrite` flag)."""
+        path = Path(path)
+        if not path.is_file():
+            raise NmtError(f"dictionary not found: {path}")
+        symbols, counts = [], []
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise NmtError(f"dictionary is not valid UTF-8: {path} (byte {e.start})") from None
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            fields = line.rstrip("\r").split(" ")
+            if fields and fields[-1] == "#fairseq:overwrite":
+                fields = fields[:-1]
+            if len(fields) < 2 or not fields[-1].lstrip("-").isdigit():
+                raise NmtError(f"bad dictionary line (expected 'symbol count'): {where(path, lineno)}")
+            symbol, count = " ".join(fields[:-1]), int(fields[-1])
+            if symbol in SPECIALS:
+                continue
+            if symbol in symbols:
+                raise NmtError(f"duplicate symbol {symbol!r} in dictionary: {where(path, lineno)}")
+            symbols.append(symbol)
+            counts.append(count)
+        return cls(symbols, counts)
+
+    @classmethod
+    def build(
+        cls,
+        counter: Counter[str],
+        threshold: int = 0,
+        nwords: int = -1,
+        padding_factor: int = 8,
+    ) -> "Dictionary":
+        """Build from token counts as fairseq does.
+
+        Most frequent first (ties alphabetical), drop symbols seen fewer than
+        `threshold` times, keep at most `nwords` symbols counting the four specials
+        (fairseq's meaning; <= 0: all), then pad the size to a
+        multiple of `padding_factor` with `madeupwordNNNN` (fast matrix shapes).
+        """
+        ordered = sorted(((s, c) for s, c in counter.items() if s not in SPECIALS), key=lambda sc: (-sc[1], sc[0]))
+        ordered = [(s, c) for s, c in ordered if c >= threshold]
+        if nwords > 0:
+            ordered = ordered[: max(0, nwords - len(SPECIALS))]
+        d = cls([s for s, _ in ordered], [c for _, c in ordered])
+        i = 0
+        while padding_factor > 1 and len(d) % padding_factor != 0:
+            d.add_symbol(f"madeupword{i:04d}", 0)
+            i += 1
+        return d

@@ -1,0 +1,1 @@
+"""Decoding: beam search and the text-to-text translator."""

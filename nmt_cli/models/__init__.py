@@ -1,0 +1,1 @@
+"""Transformer models and the registry of named presets."""

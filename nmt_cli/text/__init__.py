@@ -1,0 +1,1 @@
+"""Text processing: normalization, Moses tokenization, BPE, cleaning."""

@@ -1,0 +1,1 @@
+"""Training: loss, optimizer and schedule, the training loop."""
