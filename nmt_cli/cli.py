@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "translate": ("translate", "Translate raw text (file or stdin) with beam search."),
     "score": ("score", "BLEU / chrF / TER as sacreBLEU reports them, and tokenized BLEU."),
     "average": ("average", "Average the parameters of several checkpoints."),
+    "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
 }
 
 

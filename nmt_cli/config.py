@@ -7,6 +7,7 @@ Each validates itself in `__post_init__` and raises `NmtError` on bad values.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
@@ -62,3 +63,374 @@ class ModelConfig:
         if unknown:
             raise NmtError(f"unknown model config fields: {', '.join(unknown)}")
         return cls(**values)
+
+
+# --- decoding (search and translate) -------------------------------------------------
+
+LENPEN_STYLES = ("fairseq", "gnmt")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to search for hypotheses. Defaults are fairseq-generate's.
+
+    The paper's setting is beam 4, lenpen 0.6 (GNMT-style penalty) and a maximum
+    output length of input length + 50 (max_len_a 1, max_len_b 50).
+    """
+
+    beam: int = 5
+    nbest: int = 1
+    lenpen: float = 1.0
+    # "fairseq": score / len**lenpen; "gnmt": score / ((5 + len) / 6)**lenpen. len counts </s>.
+    lenpen_style: str = "fairseq"
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    # Minimum number of tokens before </s> (fairseq's --min-len, default 1).
+    min_len: int = 1
+    no_repeat_ngram_size: int = 0
+    unk_penalty: float = 0.0
+    temperature: float = 1.0
+    sampling: bool = False
+    sampling_topk: int = -1
+    sampling_topp: float = -1.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if self.beam < 1:
+            raise NmtError(f"--beam must be >= 1 (got {self.beam})")
+        if not 1 <= self.nbest <= self.beam:
+            raise NmtError(f"--nbest must be between 1 and --beam {self.beam} (got {self.nbest})")
+        if self.lenpen_style not in LENPEN_STYLES:
+            raise NmtError(f"--lenpen-style must be one of {', '.join(LENPEN_STYLES)} (got {self.lenpen_style!r})")
+        if self.max_len_a < 0 or self.max_len_b < 0:
+            raise NmtError("--max-len-a and --max-len-b must be >= 0")
+        if self.min_len < 0:
+            raise NmtError(f"--min-len must be >= 0 (got {self.min_len})")
+        if self.max_len_a == 0 and self.min_len > self.max_len_b:
+            raise NmtError(f"--min-len {self.min_len} exceeds the maximum output length --max-len-b {self.max_len_b}")
+        if self.no_repeat_ngram_size < 0:
+            raise NmtError("--no-repeat-ngram-size must be >= 0")
+        if self.temperature <= 0:
+            raise NmtError(f"--temperature must be > 0 (got {self.temperature})")
+        if self.sampling_topk == 0 or self.sampling_topk < -1:
+            raise NmtError("--sampling-topk must be a positive number of tokens (or -1: off)")
+        if self.sampling_topp != -1.0 and not 0.0 < self.sampling_topp <= 1.0:
+            raise NmtError("--sampling-topp must be in (0, 1] (or -1: off)")
+        if (self.sampling_topk > 0 or self.sampling_topp > 0) and not self.sampling:
+            raise NmtError("--sampling-topk/--sampling-topp need --sampling")
+
+
+INPUT_FORMATS = ("raw", "bpe", "ids")
+OUTPUT_FORMATS = ("text", "bpe", "jsonl")
+PRECISIONS = ("fp32", "bf16", "fp16")
+ERROR_POLICIES = ("strict", "replace")
+
+
+@dataclass(frozen=True)
+class TranslateConfig:
+    """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
+
+    checkpoints: tuple[str, ...]
+    decode: DecodeConfig = DecodeConfig()
+    data_bin: str | None = None
+    input_format: str = "raw"
+    output_format: str = "text"
+    buffer_size: int = 2000
+    max_tokens: int | None = None
+    batch_size: int | None = None
+    device: str = "cpu"
+    threads: int | None = None
+    precision: str = "fp32"
+    errors: str = "strict"
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.checkpoints or any(not p for p in self.checkpoints):
+            raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
+        for name, value, allowed in (
+            ("--input-format", self.input_format, INPUT_FORMATS),
+            ("--output-format", self.output_format, OUTPUT_FORMATS),
+            ("--precision", self.precision, PRECISIONS),
+            ("--errors", self.errors, ERROR_POLICIES),
+        ):
+            if value not in allowed:
+                raise NmtError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+        if self.buffer_size < 1:
+            raise NmtError(f"--buffer-size must be >= 1 (got {self.buffer_size})")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise NmtError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise NmtError(f"--batch-size must be >= 1 (got {self.batch_size})")
+        if self.threads is not None and self.threads < 1:
+            raise NmtError(f"--threads must be >= 1 (got {self.threads})")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise NmtError(f"--device must be cpu, cuda or cuda:N (got {self.device!r})")
+
+
+# --- preprocessing (nmt preprocess) ----------------------------------------------------
+
+PREPROCESS_TOKENIZERS = ("moses", "none")
+PREPROCESS_BPE = ("sentencepiece", "none")
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """`nmt preprocess`: raw parallel text -> data-bin/. Field names follow fairseq's flags."""
+
+    source_lang: str
+    target_lang: str
+    trainpref: Path
+    destdir: Path = Path("data-bin")
+    validpref: tuple[Path, ...] = ()
+    testpref: tuple[Path, ...] = ()
+    joined_dictionary: bool = False
+    workers: int = 1
+    thresholdsrc: int = 0
+    thresholdtgt: int = 0
+    nwordssrc: int = -1
+    nwordstgt: int = -1
+    srcdict: Path | None = None
+    tgtdict: Path | None = None
+    tokenizer: str = "moses"
+    normalize_punctuation: bool = True
+    aggressive_dash_splits: bool = False
+    bpe: str = "sentencepiece"
+    bpe_size: int = 32000
+    # Sentences sampled to learn BPE: bounds memory on huge corpora (sentencepiece holds the sample).
+    bpe_sample: int = 2_000_000
+    bpe_seed: int = 1
+    separate_bpe: bool = False
+    bpe_model: Path | None = None  # reuse a joint model instead of learning one
+    min_len: int = 1
+    max_len: int = 250
+    # Moses' clean-corpus-n default; fairseq's WMT14 recipe uses 1.5.
+    max_ratio: float = 9.0
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        for flag, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
+            if not lang or any(c in lang for c in "/\\. "):
+                raise NmtError(f"{flag} must be a plain language code like 'en' (got {lang!r})")
+        if self.source_lang == self.target_lang:
+            raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
+        if self.workers < 1:
+            raise NmtError(f"--workers must be >= 1 (got {self.workers})")
+        if self.tokenizer not in PREPROCESS_TOKENIZERS:
+            raise NmtError(f"--tokenizer must be one of {', '.join(PREPROCESS_TOKENIZERS)} (got {self.tokenizer!r})")
+        if self.bpe not in PREPROCESS_BPE:
+            raise NmtError(f"--bpe must be one of {', '.join(PREPROCESS_BPE)} (got {self.bpe!r})")
+        if self.bpe_size < 2:
+            raise NmtError(f"--bpe-size must be >= 2 (got {self.bpe_size})")
+        if self.bpe_sample < 0:
+            raise NmtError(f"--bpe-sample must be >= 0 (0: all sentences; got {self.bpe_sample})")
+        if self.min_len < 1 or self.max_len < self.min_len:
+            raise NmtError(f"need 1 <= --min-len <= --max-len (got {self.min_len}, {self.max_len})")
+        if self.max_ratio < 1.0:
+            raise NmtError(f"--max-ratio must be >= 1 (got {self.max_ratio})")
+        if self.joined_dictionary and self.tgtdict is not None:
+            raise NmtError("--joined-dictionary uses --srcdict for both sides; drop --tgtdict")
+        if self.bpe_model is not None and (self.bpe == "none" or self.separate_bpe):
+            raise NmtError("--bpe-model is a joint sentencepiece model: it needs --bpe sentencepiece without --separate-bpe")
+        reused_dict = self.srcdict is not None or self.tgtdict is not None
+        if reused_dict and self.bpe == "sentencepiece" and self.bpe_model is None:
+            raise NmtError(
+                "--srcdict/--tgtdict only fit the BPE model they were built with: "
+                "pass that model with --bpe-model (or use --bpe none for pre-segmented text)"
+            )
+
+
+# --- scoring (nmt score) ---------------------------------------------------------------
+
+SCORE_METRICS = ("bleu", "chrf", "ter")
+HYP_FORMATS = ("auto", "text", "jsonl")
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """What `nmt score` compares and reports. Paths may be `-` (stdin) for one hypothesis stream."""
+
+    refs: tuple[str, ...]
+    hyp: str = "-"
+    hyp_format: str = "auto"
+    metrics: tuple[str, ...] = ("bleu",)
+    # sacreBLEU's BLEU options (`--tokenize` choices are checked against sacreBLEU by the CLI).
+    tokenize: str = "13a"
+    lowercase: bool = False
+    width: int = 1
+    # Paper-comparable tokenized BLEU (multi-bleu.perl).
+    tokenized_bleu: bool = False
+    target_lang: str | None = None
+    already_tokenized: bool = False
+    compound_split: bool = False
+    sentence_level: bool = False
+    output_json: bool = False
+    # Paired bootstrap resampling against a second system.
+    compare: str | None = None
+    paired_bs_n: int = 1000
+    seed: int = 12345
+
+    def __post_init__(self) -> None:
+        if not self.refs:
+            raise NmtError("--ref is required (repeat it for several references)")
+        if "-" in self.refs:
+            raise NmtError("references must be files (stdin is for the hypotheses)")
+        if not self.metrics and not self.tokenized_bleu:
+            raise NmtError("nothing to compute: give --metrics or --tokenized-bleu")
+        unknown = [m for m in self.metrics if m not in SCORE_METRICS]
+        if unknown or len(set(self.metrics)) != len(self.metrics):
+            raise NmtError(f"--metrics takes distinct names from {', '.join(SCORE_METRICS)} (got {','.join(self.metrics)})")
+        if self.hyp_format not in HYP_FORMATS:
+            raise NmtError(f"--hyp-format must be one of {', '.join(HYP_FORMATS)} (got {self.hyp_format!r})")
+        if not 0 <= self.width <= 10:
+            raise NmtError(f"--width must be between 0 and 10 (got {self.width})")
+        if (self.compound_split or self.already_tokenized) and not self.tokenized_bleu:
+            raise NmtError("--compound-split and --already-tokenized apply to --tokenized-bleu; add it")
+        if self.tokenized_bleu and not self.already_tokenized and not self.target_lang:
+            raise NmtError("--tokenized-bleu needs --target-lang (the Moses tokenizer's language), or --already-tokenized")
+        if self.sentence_level and (self.compare is not None or self.tokenized_bleu):
+            raise NmtError("--sentence-level works with the sacreBLEU metrics of one system (no --compare, --tokenized-bleu)")
+        if self.compare is not None:
+            if self.tokenized_bleu:
+                raise NmtError("--compare tests the sacreBLEU metrics; drop --tokenized-bleu")
+            if self.compare == self.hyp:
+                raise NmtError(f"--compare {self.compare} is the same input as --hyp")
+        if self.paired_bs_n < 1:
+            raise NmtError(f"--paired-bs-n must be >= 1 (got {self.paired_bs_n})")
+        # sacreBLEU treats seed 0 as "no seed" (a different result every run).
+        if self.seed < 1:
+            raise NmtError(f"--seed must be >= 1 (got {self.seed})")
+
+
+# --- checkpoint averaging (nmt average) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AverageConfig:
+    """Which checkpoints `nmt average` reads (explicit files, or the last N of a run directory) and where it writes."""
+
+    inputs: tuple[str, ...]
+    output: str
+    num_update_checkpoints: int | None = None
+    num_epoch_checkpoints: int | None = None
+    checkpoint_upper_bound: int | None = None
+
+    @property
+    def num_last(self) -> int | None:
+        return self.num_update_checkpoints or self.num_epoch_checkpoints
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise NmtError("--inputs needs checkpoint files or one run directory")
+        if not self.output:
+            raise NmtError("--output is required")
+        if self.num_update_checkpoints is not None and self.num_epoch_checkpoints is not None:
+            raise NmtError("give --num-update-checkpoints or --num-epoch-checkpoints, not both")
+        for name in ("num_update_checkpoints", "num_epoch_checkpoints", "checkpoint_upper_bound"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise NmtError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+        if self.num_last is not None and len(self.inputs) != 1:
+            raise NmtError("--num-update-checkpoints/--num-epoch-checkpoints take exactly one run directory in --inputs")
+        if self.checkpoint_upper_bound is not None and self.num_last is None:
+            raise NmtError("--checkpoint-upper-bound needs --num-update-checkpoints or --num-epoch-checkpoints")
+
+
+# --- training (nmt train) ----------------------------------------------------------------
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")
+BEST_CHECKPOINT_METRICS = ("loss", "nll")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything `nmt train` needs besides the model's own ModelConfig.
+
+    Defaults are the paper's recipe where it has one (Adam betas (0.9, 0.98), eps 1e-9,
+    inverse square-root schedule with 4000 warm-up updates, label smoothing 0.1).
+    Interval and limit fields use 0 for "off"; `keep_*` use -1 for "keep all".
+    """
+
+    data: str
+    save_dir: str
+    arch: str = "transformer_base"
+    source_lang: str | None = None
+    target_lang: str | None = None
+    train_subset: str = "train"
+    valid_subset: str = "valid"
+    # Batching: padded tokens per batch, sentences per batch, accumulation.
+    max_tokens: int | None = 4096
+    batch_size: int | None = None
+    required_batch_size_multiple: int = 8
+    update_freq: int = 1
+    # Optimisation.
+    lr: float = 5e-4
+    lr_scheduler: str = "inverse_sqrt"
+    warmup_updates: int = 4000
+    warmup_init_lr: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    # Stopping.
+    max_update: int = 0
+    max_epoch: int = 0
+    max_time: float = 0.0  # seconds of this invocation
+    patience: int = 0  # validations without improvement before stopping
+    # Validation and checkpoints.
+    validate_interval: int = 1
+    validate_interval_updates: int = 0
+    disable_validation: bool = False
+    best_checkpoint_metric: str = "loss"
+    save_interval: int = 1
+    save_interval_updates: int = 0
+    keep_last_epochs: int = -1
+    keep_interval_updates: int = -1
+    reset_optimizer: bool = False
+    finetune_from: str | None = None
+    # Hardware and logging.
+    seed: int = 1
+    device: str = "auto"
+    precision: str = "fp32"
+    compile: bool = False
+    log_interval: int = 100
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is None and self.batch_size is None:
+            raise NmtError("set --max-tokens or --batch-size (or both)")
+        positive = ("max_tokens", "batch_size", "required_batch_size_multiple", "update_freq", "log_interval")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise NmtError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+        non_negative = ("warmup_updates", "max_update", "max_epoch", "max_time", "patience", "validate_interval",
+                        "validate_interval_updates", "save_interval", "save_interval_updates", "weight_decay",
+                        "clip_norm", "warmup_init_lr")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise NmtError(f"--{name.replace('_', '-')} must be >= 0 (got {getattr(self, name)})")
+        for name in ("keep_last_epochs", "keep_interval_updates"):
+            if getattr(self, name) < -1 or getattr(self, name) == 0:
+                raise NmtError(f"--{name.replace('_', '-')} must be a positive count or -1 for all")
+        if self.lr <= 0:
+            raise NmtError(f"--lr must be positive (got {self.lr})")
+        if self.lr_scheduler not in LR_SCHEDULERS:
+            raise NmtError(f"unknown --lr-scheduler {self.lr_scheduler!r}; choose from {', '.join(LR_SCHEDULERS)}")
+        if self.lr_scheduler != "fixed" and self.warmup_updates == 0:
+            raise NmtError(f"--lr-scheduler {self.lr_scheduler} needs --warmup-updates > 0")
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise NmtError(f"--adam-betas must be two numbers in [0, 1) (got {self.adam_betas})")
+        if self.adam_eps <= 0:
+            raise NmtError("--adam-eps must be positive")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise NmtError(f"--label-smoothing must be in [0, 1) (got {self.label_smoothing})")
+        if self.precision not in PRECISIONS:
+            raise NmtError(f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.best_checkpoint_metric not in BEST_CHECKPOINT_METRICS:
+            raise NmtError(f"--best-checkpoint-metric must be one of {', '.join(BEST_CHECKPOINT_METRICS)}")
+        if not (self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda")):
+            raise NmtError(f"--device must be auto, cpu or cuda[:N] (got {self.device!r})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,12 +39,13 @@ class IndexedDatasetBuilder:
         self.prefix = Path(prefix)
         self.dtype = dtype_for_vocab(vocab_size)
         self._bin = open(f"{self.prefix}.bin", "wb")
-        self._offsets = [0]
+        # A compact int64 array, not a list: 36M sentences cost 288 MB here, not ~1.3 GB.
+        self._offsets = array("q", [0])
 
     def add(self, ids: Iterable[int]) -> None:
-        array = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=self.dtype)
-        self._bin.write(array.tobytes())
-        self._offsets.append(self._offsets[-1] + len(array))
+        values = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, dtype=self.dtype)
+        self._bin.write(values.tobytes())
+        self._offsets.append(self._offsets[-1] + len(values))
 
     def merge(self, other_prefix: str | Path) -> None:
         """Append a finished corpus (e.g. one worker's shard) of the same dtype."""
@@ -54,7 +56,7 @@ class IndexedDatasetBuilder:
             while chunk := f.read(1 << 24):
                 self._bin.write(chunk)
         base = self._offsets[-1]
-        self._offsets.extend((base + other.offsets[1:]).tolist())
+        self._offsets.frombytes((base + np.asarray(other.offsets[1:], dtype=np.int64)).tobytes())
 
     def finalize(self) -> None:
         self._bin.flush()
@@ -63,7 +65,7 @@ class IndexedDatasetBuilder:
         code = next(c for c, d in DTYPES.items() if d == self.dtype)
         with open(f"{self.prefix}.idx", "wb") as f:
             f.write(HEADER.pack(MAGIC, code, len(self._offsets) - 1))
-            f.write(np.asarray(self._offsets, dtype="<i8").tobytes())
+            f.write(np.frombuffer(self._offsets, dtype=np.int64).astype("<i8").tobytes())
             f.flush()
             os.fsync(f.fileno())
 

@@ -1,0 +1,262 @@
+"""Training throughput: target tokens/s and peak memory, nmt vs torch.nn.Transformer
+(and Hugging Face MarianMTModel when `transformers` is importable), same configuration,
+batches and precision, in one process.
+
+Every batch is B sentences of exactly L tokens on both sides (shared vocabulary V).
+nmt runs its real training step (`nmt_cli.train.step.train_update`: collation from a
+binarized corpus, label-smoothed loss, fused AdamW, ...); the baselines run the
+plainest equivalent loop on batches already on the device.
+
+    python benchmarks/train_throughput.py --arch transformer_small --device cpu \\
+        --batch-size 64 --seq-len 32 --vocab 8000 --steps 10
+    python benchmarks/train_throughput.py --arch transformer_base --precision bf16 --compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt_cli.config import ModelConfig, TrainConfig
+from nmt_cli.data.batching import make_batches
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
+from nmt_cli.data.indexed import IndexedDatasetBuilder
+from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.models.registry import ARCHITECTURES, resolve_config
+from nmt_cli.train.distributed import DistInfo
+from nmt_cli.train.step import build_engine, train_update
+
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Result:
+    name: str
+    tokens_per_s: float
+    peak_mem_gib: float | None
+
+
+def write_fixed_length_data_bin(path: Path, vocab: int, count: int, length: int, seed: int) -> None:
+    """`count` random pairs of exactly `length` tokens (the last one `</s>`)."""
+    dictionary = Dictionary([f"w{i}" for i in range(vocab - Dictionary.nspecial)])
+    rng = np.random.default_rng(seed)
+    for lang in ("src", "tgt"):
+        dictionary.save(path / f"dict.{lang}.txt")
+        builder = IndexedDatasetBuilder(path / f"train.src-tgt.{lang}", len(dictionary))
+        ids = rng.integers(Dictionary.nspecial, len(dictionary), size=(count, length))
+        ids[:, -1] = EOS_ID
+        for row in ids:
+            builder.add(row)
+        builder.finalize()
+    (path / "meta.json").write_text('{"format_version": 1, "source_lang": "src", "target_lang": "tgt"}\n')
+
+
+def timed(step: Callable[[int], None], steps: int, warmup: int, tokens_per_step: int, device: torch.device) -> tuple[float, float | None]:
+    for i in range(warmup):
+        step(i)
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    for i in range(steps):
+        step(warmup + i)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return tokens_per_step * steps / elapsed, peak
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
+    with tempfile.TemporaryDirectory() as tmp:
+        count = args.batch_size * (args.steps + args.warmup)
+        write_fixed_length_data_bin(Path(tmp), args.vocab, count, args.seq_len, seed=0)
+        data = load_data_bin(tmp)
+        split = data.split("train")
+        cfg = TrainConfig(data=tmp, save_dir=tmp, arch=args.arch, max_tokens=args.batch_size * args.seq_len,
+                          required_batch_size_multiple=1, precision=args.precision, compile=args.compile,
+                          label_smoothing=0.1, warmup_updates=4000, lr=5e-4)
+        dist = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
+        engine = build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist)
+        batches = make_batches(split.src_sizes, split.tgt_sizes, cfg.max_tokens, seed=0)
+        assert all(len(b) == args.batch_size for b in batches)
+        ntokens = args.batch_size * args.seq_len
+
+        def step(i: int) -> None:
+            train_update(engine, split, [batches[i]], batches[i], ntokens, i)
+
+        tps, peak = timed(step, args.steps, args.warmup, ntokens, device)
+        if args.profile:
+            print_profile(step, device)
+        del engine
+    return Result("nmt" + (" (compiled)" if args.compile else ""), tps, peak)
+
+
+def print_profile(step: Callable[[int], None], device: torch.device) -> None:
+    """Where three more updates spend their time, by operator (stderr)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for i in range(3):
+            step(i)
+        synchronize(device)
+    sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(prof.key_averages().table(sort_by=sort_by, row_limit=25), file=sys.stderr)
+
+
+class TorchNNSeq2Seq(nn.Module):
+    """torch.nn.Transformer with the paper's embedding scaling and sinusoidal positions."""
+
+    def __init__(self, cfg: ModelConfig, vocab: int, max_len: int) -> None:
+        super().__init__()
+        D = cfg.encoder_embed_dim
+        self.embed = nn.Embedding(vocab, D, padding_idx=PAD_ID)
+        self.transformer = nn.Transformer(
+            d_model=D, nhead=cfg.encoder_attention_heads, num_encoder_layers=cfg.encoder_layers,
+            num_decoder_layers=cfg.decoder_layers, dim_feedforward=cfg.encoder_ffn_embed_dim, dropout=cfg.dropout,
+            batch_first=True, norm_first=cfg.normalize_before,
+        )
+        self.out = nn.Linear(D, vocab, bias=False)
+        position = torch.arange(max_len).unsqueeze(1)
+        div = torch.exp(torch.arange(0, D, 2) * (-math.log(10000.0) / D))
+        pe = torch.zeros(max_len, D)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(position * div), torch.cos(position * div)
+        self.register_buffer("pe", pe)
+        self.scale = math.sqrt(D)
+
+    def forward(self, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        T = prev.size(1)
+        x = self.embed(src) * self.scale + self.pe[: src.size(1)]  # (B, S, D)
+        y = self.embed(prev) * self.scale + self.pe[:T]  # (B, T, D)
+        mask = nn.Transformer.generate_square_subsequent_mask(T, device=src.device)
+        h = self.transformer(x, y, tgt_mask=mask, tgt_is_causal=True)
+        return self.out(h)  # (B, T, V)
+
+
+def bench_baseline(name: str, model: nn.Module, args, device: torch.device) -> Result:
+    model = model.to(device)
+    if args.compile:
+        model = torch.compile(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                  fused=device.type == "cuda")
+    generator = torch.Generator().manual_seed(0)
+    B, L = args.batch_size, args.seq_len
+    batches = []
+    for _ in range(4):
+        tokens = torch.randint(Dictionary.nspecial, args.vocab, (B, L + 1), generator=generator).to(device)
+        batches.append((tokens[:, :L], tokens[:, :L], tokens[:, 1:]))
+    dtype = DTYPES[args.precision]
+    scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
+
+    def step(i: int) -> None:
+        src, prev, target = batches[i % len(batches)]
+        autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with autocast:
+            logits = model(src, prev)
+            if not torch.is_tensor(logits):
+                logits = logits.logits
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD_ID,
+                                   label_smoothing=0.1, reduction="sum")
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    tps, peak = timed(step, args.steps, args.warmup, B * L, device)
+    return Result(name + (" (compiled)" if args.compile else ""), tps, peak)
+
+
+def marian_model(cfg: ModelConfig, vocab: int, max_len: int) -> nn.Module | None:
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError:
+        return None
+    config = MarianConfig(
+        vocab_size=vocab, decoder_vocab_size=vocab, d_model=cfg.encoder_embed_dim,
+        encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.encoder_attention_heads, decoder_attention_heads=cfg.decoder_attention_heads,
+        encoder_ffn_dim=cfg.encoder_ffn_embed_dim, decoder_ffn_dim=cfg.decoder_ffn_embed_dim,
+        dropout=cfg.dropout, max_position_embeddings=max_len, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+        decoder_start_token_id=EOS_ID, scale_embedding=True, activation_function="relu",
+    )
+    model = MarianMTModel(config)
+
+    class Adapter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+            return self.inner(input_ids=src, decoder_input_ids=prev).logits
+
+    return Adapter()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="transformer_base", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--precision", default=None, choices=sorted(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--batch-size", type=int, default=512, help="sentences per batch (B)")
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sentence, source and target (L)")
+    parser.add_argument("--vocab", type=int, default=32000, help="shared vocabulary size (V)")
+    parser.add_argument("--steps", type=int, default=20, help="timed updates per system")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation, allocator)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every system")
+    parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler)")
+    parser.add_argument("--systems", default="nmt,torch,hf", help="comma-separated subset of nmt,torch,hf")
+    args = parser.parse_args()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    if device.type == "cuda" and args.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
+    model_cfg = resolve_config(args.arch, overrides)
+    systems = set(args.systems.split(","))
+    print(f"# {args.arch}, {device}, {args.precision}, batch {args.batch_size}x{args.seq_len} tokens, vocab {args.vocab}, "
+          f"{args.steps} steps{' , compiled' if args.compile else ''}; torch {torch.__version__}", file=sys.stderr)
+
+    results: list[Result] = []
+    if "nmt" in systems:
+        results.append(bench_nmt(args, model_cfg, device))
+    if "torch" in systems:
+        torch.manual_seed(0)
+        results.append(bench_baseline("torch.nn.Transformer", TorchNNSeq2Seq(model_cfg, args.vocab, args.seq_len + 1), args, device))
+    if "hf" in systems:
+        model = marian_model(model_cfg, args.vocab, args.seq_len + 1)
+        if model is None:
+            print("hf MarianMTModel: skipped (transformers not installed)")
+        else:
+            results.append(bench_baseline("hf MarianMTModel", model, args, device))
+    for r in results:
+        memory = f"{r.peak_mem_gib:.2f} GiB peak" if r.peak_mem_gib is not None else "peak memory n/a on CPU"
+        print(f"{r.name:32s} {r.tokens_per_s:12,.0f} target tok/s   {memory}")
+    if len(results) > 1 and results[0].name.startswith("nmt"):
+        ratios = ", ".join(f"{results[0].tokens_per_s / r.tokens_per_s:.2f}x {r.name}" for r in results[1:])
+        print(f"ratio: nmt = {ratios}")
+
+
+if __name__ == "__main__":
+    main()

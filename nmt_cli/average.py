@@ -1,0 +1,156 @@
+"""`nmt average`: average the parameters of several checkpoints (Vaswani et al., 2017, section 6.1).
+
+Semantics follow fairseq's `scripts/average_checkpoints.py`: explicit checkpoint
+files, or the last N `checkpoint_{EPOCH}_{UPDATES}.pt` (by update count) or
+`checkpoint{EPOCH}.pt` (by epoch) of a run directory. Checkpoints are read one at
+a time into a float64 running sum, so memory holds the sum and one checkpoint
+however many are averaged; the mean is cast back to each parameter's dtype.
+Integer and bool buffers come from the newest checkpoint. Training state
+(optimizer, scheduler, scaler, RNG, iterator) is dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.config import AverageConfig
+from nmt_cli.errors import NmtError
+
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
+# Kept from the newest checkpoint; everything else (training state) is dropped.
+KEPT_KEYS = (
+    "format_version", "model_config", "source_lang", "target_lang", "src_dict", "tgt_dict", "num_updates", "epoch"
+)
+# Dropout rates may differ between checkpoints of one architecture (e.g. after fine-tuning).
+IGNORED_CONFIG_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
+
+
+def last_n_checkpoints(directory: Path, n: int, update_based: bool, upper_bound: int | None = None) -> list[Path]:
+    """The last `n` numbered checkpoints of a run directory, oldest first.
+
+    `update_based`: `checkpoint_{EPOCH}_{UPDATES}.pt` ordered by UPDATES, else
+    `checkpoint{EPOCH}.pt` ordered by EPOCH; `upper_bound` drops larger numbers.
+    """
+    if not directory.is_dir():
+        raise NmtError(f"not a run directory: {directory}")
+    pattern = UPDATE_CHECKPOINT if update_based else EPOCH_CHECKPOINT
+    entries = []
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
+            entries.append((int(match.group(1)), path))
+    if len(entries) < n:
+        kind = "checkpoint_{EPOCH}_{UPDATES}.pt" if update_based else "checkpoint{EPOCH}.pt"
+        bound = f" up to {upper_bound}" if upper_bound is not None else ""
+        raise NmtError(f"{directory}: found {len(entries)} {kind} files{bound}, need {n}")
+    return [path for _, path in sorted(entries)[-n:]]
+
+
+def select_checkpoints(cfg: AverageConfig) -> list[Path]:
+    """The checkpoint files to average, oldest first (explicit files keep their command-line order)."""
+    if cfg.num_last is None:
+        return [Path(p) for p in cfg.inputs]
+    return last_n_checkpoints(
+        Path(cfg.inputs[0]), cfg.num_last, cfg.num_update_checkpoints is not None, cfg.checkpoint_upper_bound
+    )
+
+
+def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
+    """What must agree between checkpoints to average them (dropout rates may differ)."""
+    weights = state["model"]
+    return {
+        "architecture": {k: v for k, v in state["model_config"].items() if k not in IGNORED_CONFIG_FIELDS},
+        "languages": (state.get("source_lang"), state.get("target_lang")),
+        "src_dict": state["src_dict"],
+        "tgt_dict": state["tgt_dict"],
+        "parameters": {k: (tuple(v.shape), v.dtype) for k, v in weights.items()},
+        "tied": tied_keys(weights),
+    }
+
+
+def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    key = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+    return f"{key}: {a.get(key)!r} vs {b.get(key)!r}"
+
+
+def check_compatible(reference: dict[str, Any], reference_path: Path, other: dict[str, Any], path: Path) -> None:
+    """One NmtError line unless two fingerprints agree; it names both files and the first difference."""
+    if reference == other:
+        return
+    if reference["architecture"] != other["architecture"]:
+        problem = f"different architectures ({_first_difference(reference['architecture'], other['architecture'])})"
+    elif reference["languages"] != other["languages"]:
+        pairs = ["-".join(map(str, fp["languages"])) for fp in (reference, other)]
+        problem = f"different languages ({pairs[0]} vs {pairs[1]})"
+    elif reference["src_dict"] != other["src_dict"] or reference["tgt_dict"] != other["tgt_dict"]:
+        side = "src_dict" if reference["src_dict"] != other["src_dict"] else "tgt_dict"
+        problem = f"different dictionaries ({side})"
+    elif reference["parameters"] != other["parameters"]:
+        problem = f"different parameters ({_first_difference(reference['parameters'], other['parameters'])})"
+    else:
+        problem = "different weight tying"
+    raise NmtError(f"cannot average {path} with {reference_path}: {problem}")
+
+
+def tied_keys(weights: dict[str, torch.Tensor]) -> dict[str, str]:
+    """key -> earlier key holding the same tensor (tied embeddings), to keep them tied in the average."""
+    first_by_storage: dict[tuple, str] = {}
+    aliases = {}
+    for key, tensor in weights.items():
+        identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride())
+        if identity in first_by_storage:
+            aliases[key] = first_by_storage[identity]
+        else:
+            first_by_storage[identity] = key
+    return aliases
+
+
+def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
+    """The averaged checkpoint of `paths` (oldest first), loading one file at a time."""
+    if not paths:
+        raise NmtError("no checkpoints to average")
+    sums: dict[str, torch.Tensor] = {}  # float64 running sums of the floating-point tensors
+    reference: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    for i, path in enumerate(paths):
+        state = load_checkpoint(path)
+        current = fingerprint(state)
+        if i == 0:
+            reference = current
+        check_compatible(reference, paths[0], current, path)
+        for key, tensor in state["model"].items():
+            if key in current["tied"] or not tensor.is_floating_point():
+                continue
+            if key in sums:
+                sums[key] += tensor.to(torch.float64)
+            else:
+                sums[key] = tensor.to(torch.float64, copy=True)
+    # `state` is now the newest checkpoint: its integer/bool buffers and metadata are kept.
+    averaged: dict[str, torch.Tensor] = {}
+    for key, tensor in state["model"].items():
+        if key in reference["tied"]:
+            averaged[key] = averaged[reference["tied"][key]]
+        elif key in sums:
+            averaged[key] = sums.pop(key).div_(len(paths)).to(tensor.dtype)
+        else:
+            averaged[key] = tensor.clone()
+    result = {k: state[k] for k in KEPT_KEYS if k in state}
+    result["model"] = averaged
+    result["averaged_checkpoints"] = [str(p) for p in paths]
+    return result
+
+
+def average(cfg: AverageConfig) -> list[Path]:
+    """Average the checkpoints that `cfg` selects and write the result to `cfg.output`; return the inputs."""
+    paths = select_checkpoints(cfg)
+    if Path(cfg.output).resolve() in {p.resolve() for p in paths}:
+        raise NmtError(f"--output {cfg.output} is one of the checkpoints to average; write the average to a new file")
+    save_checkpoint(average_checkpoints(paths), cfg.output)
+    return paths

@@ -1,0 +1,166 @@
+"""Checkpoints: atomic save, safe load (`weights_only=True`), model rebuild.
+
+A checkpoint is a dict of plain values and tensors; its keys are listed in
+docs/FORMATS.md. Saving writes a temporary file next to the target, fsyncs it and
+renames it over the target, so a crash or a full disk never leaves a truncated
+checkpoint behind and never damages the previous one.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import secrets
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nmt_cli.config import ModelConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.models.registry import build_model
+from nmt_cli.models.transformer import Transformer
+
+FORMAT_VERSION = 1
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write `state` to `path` atomically; on failure the previous file at `path` is intact."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        # torch reports some write failures (inside its zip writer) as RuntimeError.
+        _remove_quietly(tmp)
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
+        raise NmtError(f"cannot write checkpoint {path}: {reason}") from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    _fsync_directory(path.parent)
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable; some platforms cannot open directories, which is fine."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _load_failure_reason(error: Exception) -> str:
+    """A short reason for torch.load's (long, multi-line) complaints."""
+    message = str(error)
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", message)
+    if found:
+        return (f"it holds a Python object ({found.group(1)}) besides tensors and plain values; "
+                "refused, as loading it could run code")
+    if isinstance(error, EOFError) or "zip archive" in message or "central directory" in message:
+        return "the file is truncated or corrupt"
+    found = re.search(r"WeightsUnpickler error:\s*(.+)", message)
+    if found:
+        return f"not a PyTorch checkpoint file; a safe load refused it: {found.group(1).strip()}"
+    return "not a PyTorch checkpoint file"
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by `save_checkpoint`; never runs code stored in the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise NmtError(f"checkpoint not found: {path}")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # noise before the refusal
+            state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # noqa: BLE001 - any failure here means "not a readable checkpoint"
+        raise NmtError(f"not a readable nmt checkpoint: {path} ({_load_failure_reason(error)})") from None
+    if not isinstance(state, dict) or "format_version" not in state:
+        raise NmtError(f"not an nmt checkpoint (no format_version): {path}")
+    if state["format_version"] != FORMAT_VERSION:
+        raise NmtError(
+            f"checkpoint {path} has format_version {state['format_version']!r}; "
+            f"this version of nmt reads format_version {FORMAT_VERSION}"
+        )
+    for key in ("model_config", "model", "src_dict", "tgt_dict"):
+        if key not in state:
+            raise NmtError(f"checkpoint {path} lacks {key!r}")
+    return state
+
+
+def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "checkpoint") -> Transformer:
+    """Rebuild the model of a loaded checkpoint (on the CPU) and load its weights.
+
+    `source` names the checkpoint in error messages.
+    """
+    cfg = ModelConfig.from_dict(state["model_config"])
+    model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+    weights = state["model"]
+    check_state_dict_fits(model, weights, source)
+    model.load_state_dict(weights)
+    return model
+
+
+def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], source: str | os.PathLike) -> None:
+    """NmtError, in one line, when `weights` is not a state dict of `model`'s architecture."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    wrong = [k for k in expected if k in weights and tuple(weights[k].shape) != tuple(expected[k].shape)]
+    if not (missing or unexpected or wrong):
+        return
+    details = []
+    if missing:
+        details.append(f"{len(missing)} missing (e.g. {missing[0]})")
+    if unexpected:
+        details.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+    if wrong:
+        k = wrong[0]
+        details.append(
+            f"{len(wrong)} of another shape (e.g. {k}: {tuple(weights[k].shape)} in the file, "
+            f"{tuple(expected[k].shape)} in the model)"
+        )
+    raise NmtError(f"{source}: the weights are not those of the architecture in its model_config: {'; '.join(details)}")
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain model inside DistributedDataParallel and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def model_state_for_checkpoint(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the unwrapped model: keys without `module.` / `_orig_mod.` prefixes."""
+    return unwrap_model(model).state_dict()

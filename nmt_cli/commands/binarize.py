@@ -1,0 +1,45 @@
+"""`nmt binarize`: already-segmented text + an existing dictionary -> .bin/.idx."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(name="binarize")
+@click.option("--dict", "dict_path", required=True, help="Dictionary (dict.LANG.txt of a data-bin/).")
+@click.option("--input", "input_path", required=True, help="Segmented text (BPE pieces separated by spaces).")
+@click.option("--output-prefix", required=True,
+              help="Write PREFIX.bin and PREFIX.idx (e.g. data-bin/test1.en-de.en to add a test set).")
+@click.option("--workers", default=1, show_default=True, help="Processes to binarize with.")
+def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) -> None:
+    """Binarize segmented text with an existing dictionary.
+
+    Every line becomes one sentence with `</s>` appended; symbols missing from
+    the dictionary become `<unk>`. Prints sentences, tokens and the <unk> rate.
+    The files appear only once complete (written under a temporary name first).
+    """
+    import os
+
+    from nmt_cli.errors import NmtError
+    from nmt_cli.text.parallel import binarize_file
+    from nmt_cli.text.progress import StageReporter
+    from nmt_cli.text.reader import count_lines
+    from nmt_cli.text.stages import JobRunner
+
+    if workers < 1:
+        raise NmtError(f"--workers must be >= 1 (got {workers})")
+    source, prefix = Path(input_path), Path(output_prefix)
+    if not Path(dict_path).is_file():
+        raise NmtError(f"dictionary not found: {dict_path}")
+    num_lines = count_lines(source)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    reporter = StageReporter()
+    partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
+    with JobRunner(workers) as runner:
+        result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter, f"binarize {source}")
+    for suffix in (".bin", ".idx"):
+        os.replace(f"{partial}{suffix}", f"{prefix}{suffix}")
+    unk_rate = 100 * result.unk / max(result.tokens, 1)
+    click.echo(f"{prefix}: {result.sentences} sentences, {result.tokens} tokens, {unk_rate:.2f}% <unk>")

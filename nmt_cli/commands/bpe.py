@@ -1,0 +1,70 @@
+"""`nmt learn-bpe` and `nmt apply-bpe`: the BPE stage of `nmt preprocess` on its own."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command(name="learn-bpe")
+@click.option("--input", "inputs", multiple=True, required=True,
+              help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files.")
+@click.option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
+@click.option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
+@click.option("--sample", default=2_000_000, show_default=True,
+              help="Learn on at most this many sentences (a seeded random sample; 0: all).")
+@click.option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
+def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sample: int, seed: int) -> None:
+    """Learn a sentencepiece BPE model from tokenized text.
+
+    Uses the same settings as `nmt preprocess`: model type bpe, full character
+    coverage, no normalization inside sentencepiece (so applying and undoing the
+    model gives back the input exactly), no byte fallback. Input is streamed;
+    only the sample is held in memory.
+    """
+    import itertools
+
+    from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
+    from nmt_cli.text.reader import check_readable, read_lines
+
+    paths = [Path(p) for p in inputs]
+    for path in paths:
+        check_readable(path)
+    model_path = Path(f"{model_prefix}.model")
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    learn(itertools.chain.from_iterable(read_lines(p) for p in paths), model_path, vocab_size, sample, seed)
+    click.echo(f"wrote {model_path} ({BpeModel(model_path).size()} pieces)")
+
+
+@click.command(name="apply-bpe")
+@click.option("--model", required=True, help="sentencepiece model (e.g. data-bin/bpe.model).")
+@click.option("--input", "input_path", default="-", show_default=True, help="Input text file; - for stdin.")
+@click.option("--output", "output_path", default="-", show_default=True, help="Output text file; - for stdout.")
+@click.option("--decode", is_flag=True, help="Undo BPE: space-separated pieces in, tokenized text out.")
+def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> None:
+    """Segment tokenized text into BPE pieces (space-separated), or undo it with --decode.
+
+    Streams line by line: exactly one output line per input line, in order
+    (an empty line stays empty).
+    """
+    from nmt_cli.text.bpe import BpeModel
+    from nmt_cli.text.reader import check_readable, read_lines, read_stream
+
+    bpe = BpeModel(Path(model))
+    if input_path == "-":
+        lines = read_stream(sys.stdin.buffer, "<stdin>")
+    else:
+        check_readable(Path(input_path))
+        lines = read_lines(Path(input_path))
+    interactive = input_path == "-" and sys.stdin.isatty()
+    out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8", newline="\n")
+    try:
+        for line in lines:
+            out.write((bpe.decode(line.split()) if decode else " ".join(bpe.encode(line))) + "\n")
+            if interactive:
+                out.flush()
+    finally:
+        if out is not sys.stdout:
+            out.close()

@@ -1,0 +1,37 @@
+"""`nmt import-fairseq`: turn a fairseq Transformer checkpoint into an nmt run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from nmt_cli.fairseq_import import ImportConfig, import_fairseq as run_import
+
+_PATH = click.Path(path_type=Path)
+
+
+@click.command("import-fairseq")
+@click.argument("checkpoint", type=_PATH)
+@click.option("--dict-dir", required=True, type=_PATH,
+              help="Directory holding the model's dict.SRC.txt and dict.TGT.txt (its data-bin).")
+@click.option("--out", "out_dir", required=True, type=_PATH,
+              help="Run directory to write: checkpoint.pt, meta.json, dictionaries, BPE codes.")
+@click.option("--bpe-codes", type=_PATH, default=None,
+              help="subword-nmt BPE codes the model was trained with (copied into the run); "
+                   "without them `nmt translate` needs pre-segmented input (--input-format bpe).")
+@click.option("--source-lang", "-s", default=None, help="Source language (default: from the checkpoint).")
+@click.option("--target-lang", "-t", default=None, help="Target language (default: from the checkpoint).")
+def import_fairseq(checkpoint: Path, dict_dir: Path, out_dir: Path, bpe_codes: Path | None,
+                   source_lang: str | None, target_lang: str | None) -> None:
+    """Convert a fairseq Transformer CHECKPOINT (transformer, transformer_wmt_en_de,
+    transformer_vaswani_wmt_en_de_big, transformer_wmt_en_de_big_t2t, ...) into a run
+    directory that `nmt translate --path OUT/checkpoint.pt` reads.
+
+    \b
+    The file is read with a restricted unpickler: no code stored in it runs, and
+    fairseq need not be installed. Options nmt cannot reproduce exactly (e.g.
+    --layernorm-embedding, adaptive softmax, GELU) are refused by name.
+    """
+    path = run_import(ImportConfig(checkpoint, dict_dir, out_dir, bpe_codes, source_lang, target_lang))
+    click.echo(f"wrote {path}", err=True)

@@ -1,0 +1,132 @@
+"""Parallel data for training: a data-bin's splits as sentence pairs, and padded batches.
+
+`load_data_bin` opens and checks a `data-bin/` directory (docs/FORMATS.md);
+`collate` turns a list of pairs into the model's teacher-forcing inputs:
+`src_tokens` (B, S), `prev_output_tokens` (B, T) = target shifted right with `</s>`
+first (fairseq's convention), and `target` (B, T), all right-padded with `<pad>`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
+from nmt_cli.data.indexed import IndexedDataset, dataset_exists
+from nmt_cli.errors import NmtError
+
+
+@dataclass
+class PairDataset:
+    """Line-aligned source and target corpora of one split."""
+
+    src: IndexedDataset
+    tgt: IndexedDataset
+
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.tgt):
+            raise NmtError(
+                f"{self.src.prefix} has {len(self.src)} sentences but {self.tgt.prefix} has {len(self.tgt)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    @property
+    def src_sizes(self) -> np.ndarray:
+        return self.src.sizes
+
+    @property
+    def tgt_sizes(self) -> np.ndarray:
+        return self.tgt.sizes
+
+
+@dataclass
+class Batch:
+    """Padded tensors of one batch (on the CPU until `to(device)`)."""
+
+    src_tokens: torch.Tensor  # (B, S)
+    prev_output_tokens: torch.Tensor  # (B, T)
+    target: torch.Tensor  # (B, T)
+    ntokens: int  # non-pad target tokens
+    nsentences: int
+
+    def to(self, device: torch.device) -> "Batch":
+        # Pinned memory + non_blocking lets the copy overlap the previous step on GPU.
+        def move(t: torch.Tensor) -> torch.Tensor:
+            if device.type == "cuda":
+                return t.pin_memory().to(device, non_blocking=True)
+            return t.to(device)
+
+        return Batch(move(self.src_tokens), move(self.prev_output_tokens), move(self.target), self.ntokens, self.nsentences)
+
+
+def collate(pairs: PairDataset, indices: np.ndarray) -> Batch:
+    """The padded batch of the pairs at `indices`. Target sentences end with `</s>`."""
+    srcs = [pairs.src[int(i)] for i in indices]
+    tgts = [pairs.tgt[int(i)] for i in indices]
+    B, S, T = len(indices), max(len(s) for s in srcs), max(len(t) for t in tgts)
+    src_tokens = np.full((B, S), PAD_ID, dtype=np.int64)
+    target = np.full((B, T), PAD_ID, dtype=np.int64)
+    prev_output_tokens = np.full((B, T), PAD_ID, dtype=np.int64)
+    for row, (src, tgt) in enumerate(zip(srcs, tgts)):
+        src_tokens[row, : len(src)] = src
+        target[row, : len(tgt)] = tgt
+        # `</s> y1 ... y_{n-1}`: the decoder predicts target[t] from target[:t].
+        prev_output_tokens[row, 0] = EOS_ID
+        prev_output_tokens[row, 1 : len(tgt)] = tgt[:-1]
+    ntokens = int(sum(len(t) for t in tgts))
+    return Batch(torch.from_numpy(src_tokens), torch.from_numpy(prev_output_tokens), torch.from_numpy(target), ntokens, B)
+
+
+@dataclass
+class DataBin:
+    """An opened data-bin directory: its metadata, dictionaries and splits."""
+
+    path: Path
+    meta: dict
+    source_lang: str
+    target_lang: str
+    src_dict: Dictionary
+    tgt_dict: Dictionary
+
+    def split(self, name: str) -> PairDataset:
+        """The split `name` (e.g. `train`, `valid`); a clear error when it is missing."""
+        pair = f"{self.source_lang}-{self.target_lang}"
+        prefixes = [self.path / f"{name}.{pair}.{lang}" for lang in (self.source_lang, self.target_lang)]
+        for prefix in prefixes:
+            if not dataset_exists(prefix):
+                raise NmtError(f"data-bin has no {name!r} split for {pair}: {prefix}.bin/.idx not found")
+        data = PairDataset(IndexedDataset(prefixes[0]), IndexedDataset(prefixes[1]))
+        for dataset, dictionary, lang in ((data.src, self.src_dict, "source"), (data.tgt, self.tgt_dict, "target")):
+            if dataset.max_id() >= len(dictionary):
+                raise NmtError(f"{dataset.prefix}.bin has id {dataset.max_id()} beyond the {lang} dictionary ({len(dictionary)} symbols)")
+        return data
+
+
+def load_data_bin(path: str | Path, source_lang: str | None = None, target_lang: str | None = None) -> DataBin:
+    """Open `path` (a data-bin directory); languages default to those in its meta.json."""
+    path = Path(path)
+    if not path.is_dir():
+        raise NmtError(f"data-bin directory not found: {path}")
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise NmtError(f"not a data-bin (no meta.json): {path}")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NmtError(f"meta.json is not valid JSON: {meta_path} ({e})") from None
+    if not isinstance(meta, dict):
+        raise NmtError(f"meta.json does not hold a JSON object: {meta_path}")
+    src = source_lang or meta.get("source_lang")
+    tgt = target_lang or meta.get("target_lang")
+    if not src or not tgt:
+        raise NmtError(f"{meta_path} names no source_lang/target_lang; pass --source-lang and --target-lang")
+    for lang in (src, tgt):
+        if not (path / f"dict.{lang}.txt").is_file():
+            raise NmtError(f"data-bin has no language {lang!r}: {path / f'dict.{lang}.txt'} not found")
+    return DataBin(path, meta, src, tgt, Dictionary.load(path / f"dict.{src}.txt"), Dictionary.load(path / f"dict.{tgt}.txt"))

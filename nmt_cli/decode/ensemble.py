@@ -1,0 +1,63 @@
+"""An ensemble of models behind the same decoding protocol as one model.
+
+Log-probabilities are averaged in probability space, as fairseq does:
+log(mean_i p_i) = logsumexp_i(log p_i) - log(n).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from nmt_cli.decode.search import IncrementalDecoder
+from nmt_cli.errors import NmtError
+
+
+def check_same_dictionaries(names: Sequence[str], dicts: Sequence[tuple[list[str], list[str]]]) -> None:
+    """Raise unless every model has the (source, target) symbol lists of the first."""
+    for name, (src, tgt) in zip(names[1:], dicts[1:]):
+        for side, mine, first in (("source", src, dicts[0][0]), ("target", tgt, dicts[0][1])):
+            if mine != first:
+                raise NmtError(
+                    f"cannot ensemble {names[0]} and {name}: their {side} dictionaries differ "
+                    f"({len(first)} vs {len(mine)} symbols{_first_difference(first, mine)})"
+                )
+
+
+def _first_difference(a: list[str], b: list[str]) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"; id {i} is {x!r} vs {y!r}"
+    return ""
+
+
+class Ensemble:
+    """Several models decoded together; each keeps its own cache and encoder output."""
+
+    def __init__(self, models: Sequence[IncrementalDecoder]) -> None:
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        self.models = list(models)
+
+    def encode(self, src_tokens: Tensor) -> list[Any]:
+        return [m.encode(src_tokens) for m in self.models]
+
+    def decode_step(self, prev_tokens: Tensor, encoder_out: list[Any], cache: dict[str, Any]) -> Tensor:
+        caches = cache.setdefault("models", [{} for _ in self.models])
+        lprobs = torch.stack([
+            m.decode_step(prev_tokens, enc, c).float() for m, enc, c in zip(self.models, encoder_out, caches)
+        ])  # (n, B, V)
+        if len(self.models) == 1:
+            return lprobs[0]
+        return torch.logsumexp(lprobs, dim=0) - math.log(len(self.models))
+
+    def reorder_cache(self, cache: dict[str, Any], index: Tensor) -> None:
+        for m, c in zip(self.models, cache.get("models", [])):
+            m.reorder_cache(c, index)
+
+    def reorder_encoder_out(self, encoder_out: list[Any], index: Tensor) -> list[Any]:
+        return [m.reorder_encoder_out(enc, index) for m, enc in zip(self.models, encoder_out)]

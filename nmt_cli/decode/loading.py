@@ -1,0 +1,127 @@
+"""Load what `translate` needs: checkpoint(s), dictionaries and the text pipelines.
+
+The dictionaries come from the checkpoint itself (it stores its symbol lists); the
+data directory (`--data-bin`, or by default the checkpoint's run directory, which
+holds copies of `meta.json`, `dict.*.txt` and the BPE models) supplies the text
+pipeline and must agree with the checkpoint's dictionaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt_cli.data.dictionary import SPECIALS, Dictionary
+from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
+from nmt_cli.decode.search import IncrementalDecoder
+from nmt_cli.errors import NmtError
+from nmt_cli.text.pipeline import TextPipeline, read_meta
+
+
+@dataclass
+class LoadedModels:
+    """An ensemble (one model or several) and what describes its inputs and outputs."""
+
+    decoder: IncrementalDecoder
+    src_dict: Dictionary
+    tgt_dict: Dictionary
+    source_lang: str
+    target_lang: str
+    max_source_positions: int
+    max_target_positions: int
+
+
+@dataclass
+class TextSides:
+    """Raw text <-> pieces for each side; None where the input/output format needs none."""
+
+    source: TextPipeline | None
+    target: TextPipeline | None
+
+
+def dictionary_from_symbols(symbols: list[str], source: str) -> Dictionary:
+    """A Dictionary from a checkpoint's symbol list (ids are list positions)."""
+    if tuple(symbols[: len(SPECIALS)]) != SPECIALS:
+        raise NmtError(f"{source}: the stored dictionary does not start with {', '.join(SPECIALS)}")
+    return Dictionary(symbols[len(SPECIALS) :], [1] * (len(symbols) - len(SPECIALS)))
+
+
+def load_models(paths: tuple[str, ...], device: torch.device) -> LoadedModels:
+    """Load every checkpoint (an ensemble when several), in eval mode on `device`."""
+    models, dicts, first = [], [], None
+    for path in paths:
+        state = load_checkpoint(path)
+        model = model_from_checkpoint(state, path).to(device).eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        models.append(model)
+        dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
+        first = first or state
+    check_same_dictionaries(list(paths), dicts)
+    return LoadedModels(
+        decoder=models[0] if len(models) == 1 else Ensemble(models),
+        src_dict=dictionary_from_symbols(dicts[0][0], paths[0]),
+        tgt_dict=dictionary_from_symbols(dicts[0][1], paths[0]),
+        source_lang=str(first.get("source_lang", "")),
+        target_lang=str(first.get("target_lang", "")),
+        max_source_positions=min(m.cfg.max_source_positions for m in models),
+        max_target_positions=min(m.cfg.max_target_positions for m in models),
+    )
+
+
+def text_directory(checkpoint: str, data_bin: str | None) -> Path:
+    """Where meta.json, dictionaries and BPE models live: --data-bin, else the run directory."""
+    return Path(data_bin) if data_bin is not None else Path(checkpoint).resolve().parent
+
+
+def check_directory_dictionaries(directory: Path, loaded: LoadedModels, checkpoint: str) -> None:
+    """The directory's dict.{lang}.txt files must be the checkpoint's dictionaries."""
+    for lang, stored in ((loaded.source_lang, loaded.src_dict), (loaded.target_lang, loaded.tgt_dict)):
+        path = directory / f"dict.{lang}.txt"
+        if not path.is_file():
+            raise NmtError(f"{path} not found (the checkpoint's {lang} dictionary must be next to meta.json)")
+        on_disk = Dictionary.load(path)
+        if on_disk.symbols != stored.symbols:
+            raise NmtError(
+                f"dictionary {path} does not match checkpoint {checkpoint} "
+                f"({len(on_disk)} vs {len(stored)} symbols{_first_difference(on_disk.symbols, stored.symbols)}); "
+                "pass the --data-bin the model was trained on"
+            )
+
+
+def _first_difference(a: list[str], b: list[str]) -> str:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"; id {i} is {x!r} in the file, {y!r} in the checkpoint"
+    return ""
+
+
+def load_text_sides(directory: Path, loaded: LoadedModels, checkpoint: str, need_source: bool, need_target: bool) -> TextSides:
+    """The text pipelines the formats need, after checking the directory matches the model."""
+    if not (need_source or need_target):
+        return TextSides(None, None)
+    if not (directory / "meta.json").is_file():
+        raise NmtError(
+            f"no meta.json in {directory}: pass --data-bin (raw text in or out needs the tokenizer "
+            "and BPE model of the training data), or use --input-format bpe and --output-format bpe"
+        )
+    meta = _read_languages(directory)
+    if meta != (loaded.source_lang, loaded.target_lang):
+        raise NmtError(
+            f"{directory / 'meta.json'} is for {meta[0]}-{meta[1]} but checkpoint {checkpoint} "
+            f"translates {loaded.source_lang}-{loaded.target_lang}"
+        )
+    check_directory_dictionaries(directory, loaded, checkpoint)
+    return TextSides(
+        TextPipeline.from_data_bin(directory, loaded.source_lang) if need_source else None,
+        TextPipeline.from_data_bin(directory, loaded.target_lang) if need_target else None,
+    )
+
+
+def _read_languages(directory: Path) -> tuple[str, str]:
+    meta: dict[str, Any] = read_meta(directory)
+    return str(meta.get("source_lang", "")), str(meta.get("target_lang", ""))

@@ -1,0 +1,288 @@
+"""Batched beam search (and greedy decoding and sampling) over a model-agnostic protocol.
+
+The semantics are those of fairseq's SequenceGenerator, so that the same weights give
+the same hypotheses and scores:
+
+* Every hypothesis starts with `</s>` (the decoder's BOS). At step 0 all K beams are
+  identical, so only beam 0 is expanded.
+* Each step takes the best 2K candidates over K beams x V tokens by summed log-prob.
+  `</s>` candidates among the first K positions are finished (while the sentence has
+  fewer than K finished hypotheses); the beam continues with the best K candidates
+  that do not end in `</s>`.
+* A sentence is done when it has K finished hypotheses or reaches its maximum output
+  length, where `</s>` is forced. Finished sentences leave the batch.
+* A finished hypothesis scores sum(log-probs, `</s>` included) / length_penalty(len),
+  len counting `</s>`.
+
+Differences from fairseq, both invisible with real vocabularies: the maximum output
+length uses each sentence's own source length (fairseq uses the padded batch width,
+so its output can depend on the batch), and a beam slot left without a live
+candidate is marked dead (score -inf) instead of fairseq's position-based
+`cands_to_ignore` bookkeeping. Greedy decoding is beam search with K = 1.
+
+Shapes: B sentences still decoding (shrinks as they finish), K beams, V vocabulary,
+L = longest allowed output + 2 (leading `</s>`, tokens, final `</s>`), C candidates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from nmt_cli.config import DecodeConfig
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.decode.lenpen import length_penalty
+from nmt_cli.decode.sampling import sample_candidates
+from nmt_cli.errors import NmtError
+
+
+class IncrementalDecoder(Protocol):
+    """What search needs from a model (or an ensemble of models)."""
+
+    def encode(self, src_tokens: Tensor) -> Any: ...
+
+    def decode_step(self, prev_tokens: Tensor, encoder_out: Any, cache: dict[str, Any]) -> Tensor: ...
+
+    def reorder_cache(self, cache: dict[str, Any], index: Tensor) -> None: ...
+
+    def reorder_encoder_out(self, encoder_out: Any, index: Tensor) -> Any: ...
+
+
+@dataclass
+class Hypothesis:
+    """One finished output."""
+
+    tokens: list[int]  # target ids, ending with </s>
+    score: float  # summed log-prob / length penalty
+    positional_scores: list[float]  # log-prob of each token (same length as tokens)
+
+
+def max_output_lengths(src_lengths: list[int], cfg: DecodeConfig, max_target_positions: int) -> list[int]:
+    """Per sentence, the most tokens allowed before the forced `</s>`.
+
+    a * src_len + b (src_len counts the source's `</s>`, as fairseq), capped so that
+    the decoder never sees more than `max_target_positions` tokens.
+    """
+    cap = max_target_positions - 1
+    return [max(0, min(int(cfg.max_len_a * n + cfg.max_len_b), cap)) for n in src_lengths]
+
+
+def adjust_lprobs(lprobs: Tensor, generated: Tensor, step: int, at_max: Tensor | None, cfg: DecodeConfig) -> Tensor:
+    """Apply temperature, bans and penalties to next-token log-probs (N, V), in place.
+
+    generated (N, step) holds the tokens after the leading `</s>`; at_max (N,) marks
+    rows whose sentence reached its maximum length (only `</s>` is allowed there),
+    None when no row has.
+    """
+    if cfg.temperature != 1.0:
+        lprobs = torch.log_softmax(lprobs / cfg.temperature, dim=-1)
+    torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf, out=lprobs)
+    lprobs[:, PAD_ID] = -math.inf
+    if cfg.unk_penalty:
+        lprobs[:, UNK_ID] -= cfg.unk_penalty
+    if step < cfg.min_len:
+        eos_column = lprobs[:, EOS_ID]
+        # Rows at their maximum length keep </s>: forcing it wins over min_len.
+        lprobs[:, EOS_ID] = eos_column.fill_(-math.inf) if at_max is None else eos_column.masked_fill(~at_max, -math.inf)
+    if cfg.no_repeat_ngram_size > 0:
+        block_repeated_ngrams(lprobs, generated, cfg.no_repeat_ngram_size)
+    if at_max is not None:
+        not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
+        not_eos[EOS_ID] = False
+        lprobs.masked_fill_(at_max.unsqueeze(1) & not_eos.unsqueeze(0), -math.inf)
+    return lprobs
+
+
+def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
+    """Ban (in place) every token that would repeat an n-gram of `generated` (N, t)."""
+    N, t = generated.shape
+    V = lprobs.size(1)
+    if t < n:
+        return
+    windows = generated.unfold(1, n, 1)  # (N, t - n + 1, n): every n-gram so far
+    suffix = generated[:, t - n + 1 :]  # (N, n - 1): what the next token would extend
+    matches = (windows[:, :, :-1] == suffix.unsqueeze(1)).all(dim=-1)  # (N, W)
+    # Non-matching windows write into a spare column V that is dropped afterwards.
+    banned = torch.where(matches, windows[:, :, -1], torch.full_like(windows[:, :, -1], V))
+    mask = torch.zeros(N, V + 1, dtype=torch.bool, device=lprobs.device).scatter_(1, banned, True)
+    lprobs.masked_fill_(mask[:, :V], -math.inf)
+
+
+def beam_candidates(lprobs: Tensor, cum_scores: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The best 2K (summed score, token, beam) candidates per sentence, best first.
+
+    lprobs (B, K, V), cum_scores (B, K). Returns three (B, C) tensors.
+    """
+    B, K, V = lprobs.shape
+    if step == 0:
+        flat = lprobs[:, 0, :]  # (B, V): all beams are the same at step 0
+    else:
+        flat = (lprobs + cum_scores.unsqueeze(2)).view(B, K * V)
+    scores, index = flat.topk(min(2 * K, flat.size(1)), dim=1)
+    return scores, index % V, torch.div(index, V, rounding_mode="floor")
+
+
+@dataclass
+class BeamState:
+    """Everything search tracks for the B sentences still decoding."""
+
+    sentence: Tensor  # (B,) position of each sentence in the input batch
+    max_len: Tensor  # (B,) most tokens before the forced </s>
+    tokens: Tensor  # (B*K, L) leading </s>, then the beam's tokens, pad after
+    token_lprobs: Tensor  # (B*K, L) log-prob of each token in `tokens`
+    cum_scores: Tensor  # (B, K) summed log-probs; -inf marks a dead beam
+    fin_tokens: Tensor  # (B, K+1, L) finished hypotheses; slot K is scratch
+    fin_lprobs: Tensor  # (B, K+1, L)
+    fin_scores: Tensor  # (B, K+1) normalized scores
+    fin_len: Tensor  # (B, K+1) output length including </s>
+    fin_count: Tensor  # (B,) finished hypotheses so far
+
+    @classmethod
+    def start(cls, max_len: Tensor, K: int, L: int) -> "BeamState":
+        B, device = max_len.size(0), max_len.device
+        tokens = torch.full((B * K, L), PAD_ID, dtype=torch.long, device=device)
+        tokens[:, 0] = EOS_ID
+        return cls(
+            sentence=torch.arange(B, device=device),
+            max_len=max_len,
+            tokens=tokens,
+            token_lprobs=torch.zeros(B * K, L, device=device),
+            cum_scores=torch.zeros(B, K, device=device),
+            fin_tokens=torch.full((B, K + 1, L), PAD_ID, dtype=torch.long, device=device),
+            fin_lprobs=torch.zeros(B, K + 1, L, device=device),
+            fin_scores=torch.full((B, K + 1), -math.inf, device=device),
+            fin_len=torch.zeros(B, K + 1, dtype=torch.long, device=device),
+            fin_count=torch.zeros(B, dtype=torch.long, device=device),
+        )
+
+    def select(self, keep: Tensor, K: int) -> "BeamState":
+        """The state of sentences `keep` (indices into the current B) only."""
+        rows = (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).view(-1)
+        return BeamState(
+            self.sentence[keep], self.max_len[keep], self.tokens[rows], self.token_lprobs[rows],
+            self.cum_scores[keep], self.fin_tokens[keep], self.fin_lprobs[keep], self.fin_scores[keep],
+            self.fin_len[keep], self.fin_count[keep],
+        )
+
+
+def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, step: int, cfg: DecodeConfig) -> None:
+    """Store the `</s>` candidates among the first K as finished hypotheses (in place)."""
+    scores, tokens, beams = (c[:, : cfg.beam] for c in cands)  # (B, K) each
+    B, K = scores.shape
+    L = state.tokens.size(1)
+    is_eos = tokens.eq(EOS_ID) & scores.isfinite()
+    rank = state.fin_count.unsqueeze(1) + is_eos.long().cumsum(dim=1) - 1
+    slot = torch.where(is_eos & (rank < K), rank, torch.full_like(rank, K))  # K: discard
+    rows = (torch.arange(B, device=scores.device).unsqueeze(1) * K + beams).view(-1)  # (B*K,)
+    hyp_tokens = state.tokens[rows].view(B, K, L)
+    hyp_tokens[:, :, step + 1] = EOS_ID
+    hyp_lprobs = state.token_lprobs[rows].view(B, K, L)
+    hyp_lprobs[:, :, step + 1] = lprobs[rows, EOS_ID].view(B, K)
+    slot_rows = slot.unsqueeze(2).expand(B, K, L)
+    state.fin_tokens.scatter_(1, slot_rows, hyp_tokens)
+    state.fin_lprobs.scatter_(1, slot_rows, hyp_lprobs)
+    state.fin_scores.scatter_(1, slot, scores / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style))
+    state.fin_len.scatter_(1, slot, torch.full_like(slot, step + 1))
+    state.fin_count += slot.lt(K).sum(dim=1)
+
+
+def advance_beams(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, step: int, K: int) -> Tensor:
+    """Continue each sentence with its best K candidates not ending in `</s>` (in place).
+
+    Returns the (B*K,) rows of the previous step that the new beams extend.
+    """
+    scores, tokens, beams = cands  # (B, C) each
+    B, C = scores.shape
+    is_eos = tokens.eq(EOS_ID) & scores.isfinite()
+    # Sort key: live candidates first, in score order; then </s> candidates.
+    order_key = is_eos.long() * C + torch.arange(C, device=scores.device)
+    key, chosen = order_key.topk(K, dim=1, largest=False)  # (B, K)
+    new_scores = scores.gather(1, chosen).masked_fill(key >= C, -math.inf)  # no live candidate: dead
+    new_tokens = tokens.gather(1, chosen).view(-1)
+    rows = (torch.arange(B, device=scores.device).unsqueeze(1) * K + beams.gather(1, chosen)).view(-1)
+    state.tokens = state.tokens[rows]
+    state.tokens[:, step + 1] = new_tokens
+    state.token_lprobs = state.token_lprobs[rows]
+    state.token_lprobs[:, step + 1] = lprobs[rows, new_tokens]
+    state.cum_scores = new_scores
+    return rows
+
+
+@torch.inference_mode()
+def generate(
+    model: IncrementalDecoder,
+    src_tokens: Tensor,
+    cfg: DecodeConfig,
+    max_target_positions: int,
+    generator: torch.Generator | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode a batch: src_tokens (B, S) right-padded with `<pad>`, each ending in `</s>`.
+
+    Returns, per sentence in input order, its best `cfg.nbest` hypotheses, best first.
+    `generator` seeds sampling (fairseq's --sampling); beam search is deterministic.
+    """
+    B0, K = src_tokens.size(0), cfg.beam
+    device = src_tokens.device
+    src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
+    max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
+    L = max(max_len) + 2
+    shortest_max_len = min(max_len)  # before this step no sentence needs a forced </s>
+    state = BeamState.start(torch.tensor(max_len, device=device), K, L)
+    results = BeamState.start(state.max_len, K, L)  # finished sentences are copied here
+    encoder_out = model.encode(src_tokens)
+    encoder_out = model.reorder_encoder_out(encoder_out, torch.arange(B0, device=device).repeat_interleave(K))
+    cache: dict[str, Any] = {}
+    for step in range(L - 1):
+        B = state.cum_scores.size(0)
+        lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
+        V = lprobs.size(1)
+        if step == 0 and K > V:
+            raise NmtError(f"--beam {K} is larger than the target vocabulary ({V} symbols)")
+        at_max = state.max_len.le(step).repeat_interleave(K) if step >= shortest_max_len else None  # (B*K,)
+        lprobs = adjust_lprobs(lprobs, state.tokens[:, 1 : step + 1], step, at_max, cfg)
+        lprobs3 = lprobs.view(B, K, V)
+        if cfg.sampling:
+            cands = sample_candidates(lprobs3, state.cum_scores, step, cfg.sampling_topk, cfg.sampling_topp, generator)
+        else:
+            cands = beam_candidates(lprobs3, state.cum_scores, step)
+        finish_hypotheses(state, cands, lprobs, step, cfg)
+        done = state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
+        keep = done.logical_not().nonzero().squeeze(1)  # the one host sync per step
+        if keep.numel() < B:
+            _store_finished(results, state)
+            if keep.numel() == 0:
+                break
+        rows = advance_beams(state, cands, lprobs, step, K)
+        if keep.numel() < B:
+            rows = rows.view(B, K)[keep].view(-1)
+            state = state.select(keep, K)
+            sentence_rows = (keep.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
+            encoder_out = model.reorder_encoder_out(encoder_out, sentence_rows)
+        model.reorder_cache(cache, rows)
+    return _best_hypotheses(results, cfg.nbest)
+
+
+def _store_finished(results: BeamState, state: BeamState) -> None:
+    """Copy the finished-hypothesis tables of all current sentences into `results`."""
+    for name in ("fin_tokens", "fin_lprobs", "fin_scores", "fin_len", "fin_count"):
+        getattr(results, name)[state.sentence] = getattr(state, name)
+
+
+def _best_hypotheses(results: BeamState, nbest: int) -> list[list[Hypothesis]]:
+    """Per sentence, the `nbest` finished hypotheses by descending score (on the host)."""
+    scores, lengths = results.fin_scores.cpu(), results.fin_len.cpu()
+    tokens, lprobs, counts = results.fin_tokens.cpu(), results.fin_lprobs.cpu(), results.fin_count.cpu()
+    out = []
+    for b in range(scores.size(0)):
+        count = int(counts[b])
+        order = torch.sort(scores[b, :count], descending=True, stable=True).indices[:nbest].tolist()
+        hyps = []
+        for j in order:
+            n = int(lengths[b, j])
+            hyps.append(Hypothesis(tokens[b, j, 1 : n + 1].tolist(), float(scores[b, j]), lprobs[b, j, 1 : n + 1].tolist()))
+        out.append(hyps)
+    return out

@@ -1,0 +1,186 @@
+"""Text in, text out: encode lines, batch them by length, search, restore input order.
+
+Every input line gives exactly one output line, in input order: blank lines give
+an empty line without running the model; a source longer than the model's
+maximum source positions is cut to fit, with a warning naming the line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from nmt_cli.config import TranslateConfig
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID
+from nmt_cli.decode.lines import InputLine
+from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
+from nmt_cli.decode.search import Hypothesis, generate
+from nmt_cli.errors import NmtError, where
+
+# Source tokens per batch when neither --max-tokens nor --batch-size is given.
+DEFAULT_MAX_TOKENS = 4096
+
+
+@dataclass
+class Translation:
+    number: int  # input line number
+    hypotheses: list[Hypothesis]  # best first; empty for a blank line
+
+
+def make_batches(lengths: list[int], max_tokens: int | None, batch_size: int | None) -> list[list[int]]:
+    """Group item indices, longest first, so that padded size (count x longest) fits the budget.
+
+    An item longer than `max_tokens` still forms a batch of its own.
+    """
+    if max_tokens is None and batch_size is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        batch = batches[-1] if batches else None
+        fits = batch is not None
+        if fits and batch_size is not None and len(batch) >= batch_size:
+            fits = False
+        if fits and max_tokens is not None and (len(batch) + 1) * lengths[batch[0]] > max_tokens:
+            fits = False
+        if fits:
+            batch.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def pad_batch(rows: list[list[int]], device: torch.device) -> torch.Tensor:
+    """Right-pad id lists into a (B, S) tensor."""
+    S = max(len(r) for r in rows)
+    batch = torch.full((len(rows), S), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        batch[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return batch.to(device)
+
+
+class Translator:
+    """Loads the model(s) and text pipelines once; translates groups of input lines."""
+
+    def __init__(self, cfg: TranslateConfig, warn: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.warn = warn
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise NmtError("--device cuda: no CUDA device is available (use --device cpu)")
+        if cfg.precision == "fp16" and self.device.type == "cpu":
+            raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
+        self.models: LoadedModels = load_models(cfg.checkpoints, self.device)
+        need_source = cfg.input_format == "raw"
+        need_target = cfg.output_format in ("text", "jsonl")
+        directory = text_directory(cfg.checkpoints[0], cfg.data_bin)
+        if cfg.data_bin is not None:
+            need_source = need_target = True  # an explicit --data-bin is always checked
+        self.text: TextSides = load_text_sides(directory, self.models, cfg.checkpoints[0], need_source, need_target)
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.decode.seed)
+
+    def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
+        """Source ids ending in </s>, or None for a line with nothing to translate."""
+        if not line.text.strip():
+            return None
+        if self.cfg.input_format == "raw":
+            pieces = self.text.source.encode(line.text)
+        elif self.cfg.input_format == "bpe":
+            pieces = line.text.split()
+        else:
+            return self._parse_ids(line, source_name)
+        if not pieces:
+            return None
+        return self._fit(self.models.src_dict.encode(pieces), line, source_name)
+
+    def _parse_ids(self, line: InputLine, source_name: str) -> list[int]:
+        try:
+            ids = [int(field) for field in line.text.split()]
+        except ValueError:
+            raise NmtError(f"--input-format ids: not a list of integers at {where(source_name, line.number)}") from None
+        bad = [i for i in ids if not 0 <= i < len(self.models.src_dict)]
+        if bad:
+            raise NmtError(
+                f"--input-format ids: id {bad[0]} is outside the source dictionary "
+                f"(0..{len(self.models.src_dict) - 1}) at {where(source_name, line.number)}"
+            )
+        if not ids or ids[-1] != EOS_ID:
+            ids.append(EOS_ID)
+        return self._fit(ids, line, source_name)
+
+    def _fit(self, ids: list[int], line: InputLine, source_name: str) -> list[int]:
+        limit = self.models.max_source_positions
+        if len(ids) <= limit:
+            return ids
+        self.warn(
+            f"warning: {where(source_name, line.number)}: source has {len(ids)} tokens "
+            f"(with </s>); truncated to the model's maximum of {limit}"
+        )
+        return ids[: limit - 1] + [EOS_ID]
+
+    def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
+        """Translations of `lines`, in the same order."""
+        encoded = [self.source_ids(line, source_name) for line in lines]
+        results = [Translation(line.number, []) for line in lines]
+        todo = [i for i, ids in enumerate(encoded) if ids is not None]
+        batches = make_batches([len(encoded[i]) for i in todo], self.cfg.max_tokens, self.cfg.batch_size)
+        for batch in batches:
+            items = [todo[j] for j in batch]
+            src_tokens = pad_batch([encoded[i] for i in items], self.device)
+            with self._autocast():
+                hypotheses = generate(
+                    self.models.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator
+                )
+            for i, hyps in zip(items, hypotheses):
+                results[i].hypotheses = hyps
+        return results
+
+    def _autocast(self):
+        if self.cfg.precision == "fp32":
+            return nullcontext()
+        dtype = torch.bfloat16 if self.cfg.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def format(self, translation: Translation) -> str:
+        """One output line (without the newline) in --output-format."""
+        fmt = self.cfg.output_format
+        if fmt == "jsonl":
+            return json.dumps(self._json(translation), ensure_ascii=False)
+        if not translation.hypotheses:
+            return ""
+        pieces = self.models.tgt_dict.decode(translation.hypotheses[0].tokens)
+        text = " ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces)
+        return _one_line(text)
+
+    def _json(self, translation: Translation) -> dict:
+        entries = [self._json_hypothesis(h) for h in translation.hypotheses]
+        best = entries[0] if entries else {"hyp": "", "score": None, "tokens": [], "ids": [], "positional_scores": []}
+        record = {"line": translation.number, **best}
+        if self.cfg.decode.nbest > 1:
+            record["nbest"] = entries
+        return record
+
+    def _json_hypothesis(self, hyp: Hypothesis) -> dict:
+        pieces = self.models.tgt_dict.decode(hyp.tokens)
+        return {
+            "hyp": _one_line(self.text.target.decode(pieces)),
+            "score": _finite_or_none(hyp.score),
+            "tokens": self.models.tgt_dict.decode(hyp.tokens, strip_specials=False),
+            "ids": hyp.tokens,
+            "positional_scores": [_finite_or_none(round(s, 6)) for s in hyp.positional_scores],
+        }
+
+
+def _one_line(text: str) -> str:
+    """Keep one output line per input line whatever the detokenizer produced."""
+    return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+

@@ -1,0 +1,285 @@
+"""Transformer building blocks: positions, attention, encoder and decoder layers.
+
+Parameter names follow fairseq's `TransformerModel` (`self_attn`, `self_attn_layer_norm`,
+`encoder_attn`, `encoder_attn_layer_norm`, `fc1`, `fc2`, `final_layer_norm`), so that a
+fairseq checkpoint maps onto this model by renaming alone. The one structural
+difference: query/key/value projections are fused for speed.
+
+* `SelfAttention.in_proj.weight` (3D, D) = cat([q_proj.weight, k_proj.weight,
+  v_proj.weight]) and likewise for the bias (the layout of
+  `torch.nn.MultiheadAttention.in_proj_weight`).
+* `CrossAttention.q_proj` is fairseq's `q_proj`; `CrossAttention.kv_proj.weight`
+  (2D, D) = cat([k_proj.weight, v_proj.weight]).
+
+Shapes: B batch, S source length, T target length, D model dim, H heads, Dh = D / H.
+Padding masks are bool, True at pads; attention masks given to
+`scaled_dot_product_attention` are bool, True where attention is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.errors import NmtError
+
+
+def sinusoidal_table(num_positions: int, dim: int, padding_idx: int) -> Tensor:
+    """fairseq's sinusoid table (num_positions, dim), float32: [sin | cos] halves.
+
+    Frequency i is exp(-log(10000) * i / (half_dim - 1)); the row at `padding_idx`
+    is zero, so pads get no position signal. Computed in float32 as fairseq does.
+    """
+    half_dim = dim // 2
+    step = math.log(10000) / (half_dim - 1)
+    freqs = torch.exp(torch.arange(half_dim, dtype=torch.float32) * -step)  # (D/2,)
+    angles = torch.arange(num_positions, dtype=torch.float32).unsqueeze(1) * freqs.unsqueeze(0)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)  # (N, 2 * (D/2))
+    if dim % 2 == 1:
+        table = torch.cat([table, torch.zeros(num_positions, 1)], dim=1)
+    table[padding_idx, :] = 0
+    return table
+
+
+def make_positions(tokens: Tensor, padding_idx: int) -> Tensor:
+    """Position ids (B, T): non-pad tokens count from padding_idx + 1; pads get padding_idx."""
+    not_pad = tokens.ne(padding_idx).int()
+    return (torch.cumsum(not_pad, dim=1) * not_pad).long() + padding_idx
+
+
+def step_positions(start: int, length: int, padding_idx: int, device: torch.device) -> Tensor:
+    """Position ids (1, length) for tokens start..start+length-1 of an unpadded prefix."""
+    first = padding_idx + 1 + start
+    return torch.arange(first, first + length, device=device).unsqueeze(0)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal position embeddings; the table grows when a longer input arrives."""
+
+    def __init__(self, dim: int, padding_idx: int, max_positions: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.padding_idx = padding_idx
+        # Not saved in checkpoints: it is a pure function of (dim, padding_idx).
+        self.register_buffer("table", sinusoidal_table(max_positions + padding_idx + 1, dim, padding_idx), persistent=False)
+
+    def forward(self, tokens: Tensor, start: int | None = None) -> Tensor:
+        """(B, T) tokens -> (B, T, D); or (1, T, D) for an incremental step at `start`."""
+        length = tokens.size(1)
+        last = self.padding_idx + length + (start or 0)
+        if last >= self.table.size(0):
+            size = max(last + 1, 2 * self.table.size(0))
+            self.table = sinusoidal_table(size, self.dim, self.padding_idx).to(self.table)
+        if start is None:
+            positions = make_positions(tokens, self.padding_idx)
+        else:
+            positions = step_positions(start, length, self.padding_idx, tokens.device)
+        return self.table[positions]
+
+
+class LearnedPositions(nn.Module):
+    """fairseq's LearnedPositionalEmbedding: max_positions + padding_idx + 1 rows, same numbering."""
+
+    def __init__(self, dim: int, padding_idx: int, max_positions: int) -> None:
+        super().__init__()
+        self.padding_idx = padding_idx
+        self.max_positions = max_positions
+        self.weight = nn.Parameter(torch.empty(max_positions + padding_idx + 1, dim))
+        nn.init.normal_(self.weight, mean=0.0, std=dim**-0.5)
+        with torch.no_grad():
+            self.weight[padding_idx].zero_()
+
+    def forward(self, tokens: Tensor, start: int | None = None) -> Tensor:
+        """(B, T) tokens -> (B, T, D); or (1, T, D) for an incremental step at `start`."""
+        length = tokens.size(1) + (start or 0)
+        if length > self.max_positions:
+            raise NmtError(f"sequence of {length} tokens exceeds the model's {self.max_positions} learned positions")
+        if start is None:
+            positions = make_positions(tokens, self.padding_idx)
+        else:
+            positions = step_positions(start, tokens.size(1), self.padding_idx, tokens.device)
+        return F.embedding(positions, self.weight, self.padding_idx)
+
+
+def split_heads(x: Tensor, parts: int, num_heads: int) -> Tensor:
+    """(B, T, parts * D) -> (parts, B, H, T, Dh)."""
+    B, T, _ = x.shape
+    return x.view(B, T, parts, num_heads, -1).permute(2, 0, 3, 1, 4)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, Dh) -> (B, T, D)."""
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * Dh)
+
+
+def key_padding_to_attn_mask(padding_mask: Tensor) -> Tensor:
+    """(B, S) True-at-pad -> (B, 1, 1, S) True-where-allowed, broadcast over heads and queries."""
+    return padding_mask.logical_not()[:, None, None, :]
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused q/k/v projection."""
+
+    def __init__(self, embed_dim: int, num_heads: int, attention_dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.attention_dropout = attention_dropout
+        self.in_proj = nn.Linear(embed_dim, 3 * embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # xavier on the fused (3D, D) matrix has the same bound as fairseq's
+        # xavier(gain=1/sqrt(2)) on each of its separate (D, D) projections.
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
+        """Full-sequence attention: x (B, T, D) -> (B, T, D)."""
+        q, k, v = split_heads(self.in_proj(x), 3, self.num_heads).unbind(0)  # each (B, H, T, Dh)
+        dropout = self.attention_dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
+        return self.out_proj(merge_heads(out))
+
+    def forward_cached(self, x: Tensor, kv_cache: Tensor, start: int) -> Tensor:
+        """Incremental causal attention for new tokens x (B, n, D) at positions start..start+n-1.
+
+        kv_cache (2, B, H, capacity, Dh) holds keys/values of the earlier positions;
+        this writes the new ones in place and attends over positions 0..start+n-1.
+        """
+        n = x.size(1)
+        q, kv = split_heads(self.in_proj(x), 3, self.num_heads).split([1, 2], dim=0)  # (1|2, B, H, n, Dh)
+        kv_cache[:, :, :, start : start + n] = kv
+        k, v = kv_cache[:, :, :, : start + n].unbind(0)  # each (B, H, start + n, Dh)
+        if n == 1:
+            mask, is_causal = None, False  # one query may see every cached key
+        elif start == 0:
+            mask, is_causal = None, True
+        else:
+            # Query i (absolute start + i) may see keys 0..start + i.
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(diagonal=start)
+            is_causal = False
+        out = F.scaled_dot_product_attention(q[0], k, v, attn_mask=mask, is_causal=is_causal)
+        return self.out_proj(merge_heads(out))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from decoder states to encoder output (keys/values computed once)."""
+
+    def __init__(self, embed_dim: int, num_heads: int, attention_dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.attention_dropout = attention_dropout
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.kv_proj = nn.Linear(embed_dim, 2 * embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # Same per-projection bounds as fairseq (see SelfAttention).
+        nn.init.xavier_uniform_(self.q_proj.weight, gain=2**-0.5)
+        nn.init.xavier_uniform_(self.kv_proj.weight, gain=0.75**0.5)
+        nn.init.zeros_(self.q_proj.bias)
+        nn.init.zeros_(self.kv_proj.bias)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def project_kv(self, memory: Tensor) -> Tensor:
+        """Encoder output (B, S, D) -> keys and values (2, B, H, S, Dh)."""
+        return split_heads(self.kv_proj(memory), 2, self.num_heads)
+
+    def forward(self, x: Tensor, kv: Tensor, attn_mask: Tensor) -> Tensor:
+        """x (B, T, D), kv (2, B, H, S, Dh), attn_mask (B, 1, 1, S) -> (B, T, D)."""
+        q = split_heads(self.q_proj(x), 1, self.num_heads)[0]  # (B, H, T, Dh)
+        dropout = self.attention_dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=attn_mask, dropout_p=dropout)
+        return self.out_proj(merge_heads(out))
+
+
+def maybe_dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """F.dropout, skipped outright in eval mode (each skipped call saves time when decoding)."""
+    return F.dropout(x, p, True) if training and p > 0 else x
+
+
+def _linear(in_dim: int, out_dim: int) -> nn.Linear:
+    layer = nn.Linear(in_dim, out_dim)
+    nn.init.xavier_uniform_(layer.weight)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class _Sublayers(nn.Module):
+    """Residual wiring shared by encoder and decoder layers (post-norm or pre-norm)."""
+
+    def __init__(self, dropout: float, activation_dropout: float, normalize_before: bool) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.activation_dropout = activation_dropout
+        self.normalize_before = normalize_before
+
+    def before(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        return norm(x) if self.normalize_before else x
+
+    def after(self, x: Tensor, residual: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = residual + maybe_dropout(x, self.dropout, self.training)
+        return x if self.normalize_before else norm(x)
+
+    def feed_forward(self, x: Tensor, fc1: nn.Linear, fc2: nn.Linear) -> Tensor:
+        hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training)  # (B, T, ffn_dim)
+        return fc2(hidden)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each with dropout, residual and LayerNorm."""
+
+    def __init__(self, dim: int, ffn_dim: int, heads: int, dropout: float, attention_dropout: float,
+                 activation_dropout: float, normalize_before: bool) -> None:
+        super().__init__()
+        self.wiring = _Sublayers(dropout, activation_dropout, normalize_before)
+        self.self_attn = SelfAttention(dim, heads, attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(dim)
+        self.fc1 = _linear(dim, ffn_dim)
+        self.fc2 = _linear(ffn_dim, dim)
+        self.final_layer_norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
+        """x (B, S, D), attn_mask (B, 1, 1, S) -> (B, S, D)."""
+        w = self.wiring
+        x = w.after(self.self_attn(w.before(x, self.self_attn_layer_norm), attn_mask, False), x, self.self_attn_layer_norm)
+        x = w.after(w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2), x, self.final_layer_norm)
+        return x
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention and feed-forward, each with residual and LayerNorm."""
+
+    def __init__(self, dim: int, ffn_dim: int, heads: int, dropout: float, attention_dropout: float,
+                 activation_dropout: float, normalize_before: bool) -> None:
+        super().__init__()
+        self.wiring = _Sublayers(dropout, activation_dropout, normalize_before)
+        self.self_attn = SelfAttention(dim, heads, attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(dim)
+        self.encoder_attn = CrossAttention(dim, heads, attention_dropout)
+        self.encoder_attn_layer_norm = nn.LayerNorm(dim)
+        self.fc1 = _linear(dim, ffn_dim)
+        self.fc2 = _linear(ffn_dim, dim)
+        self.final_layer_norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, cross_kv: Tensor, cross_mask: Tensor,
+                self_kv_cache: Tensor | None = None, start: int = 0) -> Tensor:
+        """x (B, T, D) -> (B, T, D); cross_kv (2, B, H, S, Dh), cross_mask (B, 1, 1, S).
+
+        Without `self_kv_cache`, x is a whole right-padded target prefix (teacher
+        forcing); with it (2, B, H, capacity, Dh), x holds new tokens at `start`.
+        """
+        w = self.wiring
+        h = w.before(x, self.self_attn_layer_norm)
+        if self_kv_cache is None:
+            h = self.self_attn(h, None, True)
+        else:
+            h = self.self_attn.forward_cached(h, self_kv_cache, start)
+        x = w.after(h, x, self.self_attn_layer_norm)
+        h = self.encoder_attn(w.before(x, self.encoder_attn_layer_norm), cross_kv, cross_mask)
+        x = w.after(h, x, self.encoder_attn_layer_norm)
+        x = w.after(w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2), x, self.final_layer_norm)
+        return x

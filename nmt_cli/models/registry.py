@@ -1,0 +1,79 @@
+"""Named architectures: a plain dict of ModelConfig presets, and the model factory.
+
+Variants are made with `resolve_config(arch, overrides)` (dataclasses.replace), e.g.
+from the `--encoder-layers`, `--dropout`, ... flags of `nmt train` and `nmt info`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from nmt_cli.config import ModelConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.models.transformer import Transformer
+
+ARCHITECTURES: dict[str, ModelConfig] = {
+    # Vaswani et al. (2017), Table 3 "base": 65M parameters with a 37k shared vocabulary.
+    "transformer_base": ModelConfig(
+        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6, encoder_attention_heads=8,
+        decoder_embed_dim=512, decoder_ffn_embed_dim=2048, decoder_layers=6, decoder_attention_heads=8,
+        dropout=0.1,
+    ),
+    # Table 3 "big": 213M parameters; dropout 0.3 for En-De (the paper used 0.1 for En-Fr).
+    "transformer_big": ModelConfig(
+        encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_layers=6, encoder_attention_heads=16,
+        decoder_embed_dim=1024, decoder_ffn_embed_dim=4096, decoder_layers=6, decoder_attention_heads=16,
+        dropout=0.3,
+    ),
+    # fairseq's IWSLT'14 De-En recipe.
+    "transformer_iwslt_de_en": ModelConfig(
+        encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_layers=6, encoder_attention_heads=4,
+        decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_layers=6, decoder_attention_heads=4,
+        dropout=0.3,
+    ),
+    # Small data sets (Multi30k, quick experiments).
+    "transformer_small": ModelConfig(
+        encoder_embed_dim=256, encoder_ffn_embed_dim=1024, encoder_layers=3, encoder_attention_heads=4,
+        decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_layers=3, decoder_attention_heads=4,
+        dropout=0.1,
+    ),
+    # Tests and smoke runs: trains in seconds on a CPU.
+    "transformer_tiny": ModelConfig(
+        encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_layers=2, encoder_attention_heads=2,
+        decoder_embed_dim=32, decoder_ffn_embed_dim=64, decoder_layers=2, decoder_attention_heads=2,
+        dropout=0.1,
+    ),
+}
+
+
+def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
+    """The preset `arch` with some fields replaced (keys are ModelConfig field names)."""
+    if arch not in ARCHITECTURES:
+        raise NmtError(f"unknown architecture {arch!r}; choose one of: {', '.join(ARCHITECTURES)}")
+    known = {field.name for field in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise NmtError(f"unknown model config fields: {', '.join(unknown)}")
+    return dataclasses.replace(ARCHITECTURES[arch], **overrides)
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
+    """A freshly initialised Transformer for the given vocabulary sizes."""
+    return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (shared embeddings count once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def matching_architecture(cfg: ModelConfig) -> str | None:
+    """The preset name whose sizes and options equal `cfg`'s (dropouts ignored), if any."""
+    ignore = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    for name, preset in ARCHITECTURES.items():
+        if dataclasses.replace(preset, **ignore) == dataclasses.replace(cfg, **ignore):
+            return name
+    return None

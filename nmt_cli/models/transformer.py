@@ -1,0 +1,238 @@
+"""The encoder-decoder Transformer (Vaswani et al., 2017), laid out as fairseq's TransformerModel.
+
+Teacher forcing: `model(src_tokens, prev_output_tokens) -> logits (B, T, V)`.
+Search: `encode`, then `decode_step` once per output position with a cache dict,
+`reorder_cache` / `reorder_encoder_out` when hypotheses are reordered or dropped.
+
+The decoding cache (a plain dict the caller creates empty) holds
+  "length":    int, target positions already processed;
+  "self_kv":   (L, 2, B, H, capacity, Dh) self-attention keys/values of all decoder
+               layers in one contiguous buffer, written in place and doubled in
+               capacity when full (no torch.cat per step);
+  "cross_kv":  (L, 2, B, H, S, Dh) cross-attention keys/values, computed once from
+               the encoder output at the first step;
+  "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
+               -inf at pads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.config import ModelConfig
+from nmt_cli.data.dictionary import PAD_ID
+from nmt_cli.errors import NmtError
+from nmt_cli.models.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    LearnedPositions,
+    SinusoidalPositions,
+    key_padding_to_attn_mask,
+    maybe_dropout,
+)
+
+# First capacity of the self-attention cache; it doubles as decoding goes on.
+INITIAL_CACHE_CAPACITY = 32
+
+
+@dataclass
+class EncoderOut:
+    out: Tensor  # (B, S, D) encoder output
+    padding_mask: Tensor  # (B, S) bool, True at pads
+
+
+def make_embedding(vocab_size: int, dim: int, padding_idx: int) -> nn.Embedding:
+    """Token embedding initialised as fairseq: normal(0, dim^-0.5), pad row zero."""
+    embedding = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
+    nn.init.normal_(embedding.weight, mean=0.0, std=dim**-0.5)
+    with torch.no_grad():
+        embedding.weight[padding_idx].zero_()
+    return embedding
+
+
+def make_positions_module(cfg: ModelConfig, dim: int, max_positions: int) -> nn.Module:
+    if cfg.learned_pos:
+        return LearnedPositions(dim, PAD_ID, max_positions)
+    return SinusoidalPositions(dim, PAD_ID, max_positions)
+
+
+class TransformerEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        dim = cfg.encoder_embed_dim
+        self.dropout = cfg.dropout
+        self.embed_scale = math.sqrt(dim) if cfg.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = make_positions_module(cfg, dim, cfg.max_source_positions)
+        self.layers = nn.ModuleList(
+            EncoderLayer(dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout,
+                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before)
+            for _ in range(cfg.encoder_layers)
+        )
+        # Pre-norm leaves the last residual sum unnormalised; fairseq adds a final LayerNorm.
+        self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
+
+    def forward(self, src_tokens: Tensor) -> EncoderOut:
+        """src_tokens (B, S), right-padded -> EncoderOut."""
+        padding_mask = src_tokens.eq(PAD_ID)  # (B, S)
+        x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # (B, S, D)
+        x = maybe_dropout(x, self.dropout, self.training)
+        x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # as fairseq: pads enter the layers as zeros
+        attn_mask = key_padding_to_attn_mask(padding_mask)  # (B, 1, 1, S)
+        for layer in self.layers:
+            x = layer(x, attn_mask)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        return EncoderOut(out=x, padding_mask=padding_mask)
+
+
+class TransformerDecoder(nn.Module):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, share_input_output: bool) -> None:
+        super().__init__()
+        dim = cfg.decoder_embed_dim
+        self.dropout = cfg.dropout
+        self.embed_scale = math.sqrt(dim) if cfg.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = make_positions_module(cfg, dim, cfg.max_target_positions)
+        self.layers = nn.ModuleList(
+            DecoderLayer(dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.dropout,
+                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before)
+            for _ in range(cfg.decoder_layers)
+        )
+        self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
+        vocab_size = embed_tokens.num_embeddings
+        self.output_projection = nn.Linear(dim, vocab_size, bias=False)
+        if share_input_output:
+            self.output_projection.weight = embed_tokens.weight
+        else:
+            nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
+
+    def embed(self, tokens: Tensor, start: int | None) -> Tensor:
+        """tokens (B, T) -> (B, T, D): scaled embeddings + positions, dropout."""
+        x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions(tokens, start)
+        return maybe_dropout(x, self.dropout, self.training)
+
+    def forward(self, prev_output_tokens: Tensor, encoder_out: EncoderOut) -> Tensor:
+        """Teacher forcing: prev_output_tokens (B, T), right-padded -> hidden states (B, T, D)."""
+        x = self.embed(prev_output_tokens, None)
+        cross_mask = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
+        for layer in self.layers:
+            # Target pads need no key mask: with right padding, causality already hides them.
+            x = layer(x, layer.encoder_attn.project_kv(encoder_out.out), cross_mask)
+        return x if self.layer_norm is None else self.layer_norm(x)
+
+    def forward_cached(self, new_tokens: Tensor, cache: dict) -> Tensor:
+        """New tokens (B, n) at positions cache["length"]... -> hidden states (B, n, D)."""
+        start = cache["length"]
+        x = self.embed(new_tokens, start)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cache["cross_kv"][i], cache["cross_mask"], cache["self_kv"][i], start)
+        return x if self.layer_norm is None else self.layer_norm(x)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer; see the module docstring for the decoding interface."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
+        super().__init__()
+        for side, size in (("source", src_vocab_size), ("target", tgt_vocab_size)):
+            if size <= PAD_ID:
+                raise NmtError(f"{side} vocabulary of {size} symbols is too small")
+        self.cfg = cfg
+        self.pad_idx = PAD_ID
+        encoder_embed = make_embedding(src_vocab_size, cfg.encoder_embed_dim, PAD_ID)
+        if cfg.share_all_embeddings:
+            if src_vocab_size != tgt_vocab_size:
+                raise NmtError(
+                    f"--share-all-embeddings needs one joined dictionary, but the source has "
+                    f"{src_vocab_size} symbols and the target {tgt_vocab_size} (preprocess with --joined-dictionary)"
+                )
+            decoder_embed = encoder_embed
+        else:
+            decoder_embed = make_embedding(tgt_vocab_size, cfg.decoder_embed_dim, PAD_ID)
+        share_output = cfg.share_all_embeddings or cfg.share_decoder_input_output_embed
+        self.encoder = TransformerEncoder(cfg, encoder_embed)
+        self.decoder = TransformerDecoder(cfg, decoder_embed, share_output)
+
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
+        """Teacher forcing: (B, S), (B, T) -> logits (B, T, V), or hidden (B, T, D) if features_only.
+
+        `features_only` lets a trainer apply `output_projection` in chunks (large V)
+        while the forward pass still runs through a DDP wrapper.
+        """
+        hidden = self.decoder(prev_output_tokens, self.encoder(src_tokens))
+        return hidden if features_only else self.decoder.output_projection(hidden)
+
+    def extract_features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        """Decoder hidden states (B, T, D) before the output projection."""
+        return self.forward(src_tokens, prev_output_tokens, features_only=True)
+
+    def output_projection(self, hidden: Tensor) -> Tensor:
+        """Hidden states (..., D) -> logits (..., V)."""
+        return self.decoder.output_projection(hidden)
+
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        return self.encoder(src_tokens)
+
+    @torch.no_grad()
+    def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, cache: dict) -> Tensor:
+        """prev_tokens (B, t) all tokens so far -> float32 log-probabilities (B, V) of the next.
+
+        Only the tokens not yet in `cache` are run (normally the last one; on the
+        first call a whole forced prefix may be given). `encoder_out` is read on
+        the first call only; afterwards the cache holds what the decoder needs.
+        """
+        if not cache:
+            self._start_cache(encoder_out, cache)
+        start = cache["length"]
+        new_tokens = prev_tokens[:, start:]  # (B, n)
+        if new_tokens.size(1) == 0:
+            raise ValueError(f"decode_step got {prev_tokens.size(1)} tokens but the cache already holds {start}")
+        self._ensure_capacity(cache, start + new_tokens.size(1))
+        hidden = self.decoder.forward_cached(new_tokens, cache)  # (B, n, D)
+        cache["length"] = start + new_tokens.size(1)
+        logits = self.decoder.output_projection(hidden[:, -1])  # (B, V)
+        return F.log_softmax(logits.float(), dim=-1)
+
+    def _start_cache(self, encoder_out: EncoderOut, cache: dict) -> None:
+        layers = self.decoder.layers
+        cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out) for layer in layers])
+        L, _, B, H, _, Dh = cross_kv.shape  # (L, 2, B, H, S, Dh)
+        cache["length"] = 0
+        cache["cross_kv"] = cross_kv
+        # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
+        allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
+        cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
+            allowed.logical_not(), float("-inf"))
+        cache["self_kv"] = cross_kv.new_empty(L, 2, B, H, INITIAL_CACHE_CAPACITY, Dh)
+
+    @staticmethod
+    def _ensure_capacity(cache: dict, needed: int) -> None:
+        old = cache["self_kv"]
+        capacity = old.size(4)
+        if needed <= capacity:
+            return
+        while capacity < needed:
+            capacity *= 2
+        new = old.new_empty(*old.shape[:4], capacity, old.size(5))
+        new[:, :, :, :, : cache["length"]] = old[:, :, :, :, : cache["length"]]
+        cache["self_kv"] = new
+
+    def reorder_cache(self, cache: dict, index: Tensor) -> None:
+        """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering)."""
+        if not cache:
+            return
+        cache["self_kv"] = cache["self_kv"].index_select(2, index)
+        cache["cross_kv"] = cache["cross_kv"].index_select(2, index)
+        cache["cross_mask"] = cache["cross_mask"].index_select(0, index)
+
+    def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
+        return EncoderOut(
+            out=encoder_out.out.index_select(0, index),
+            padding_mask=encoder_out.padding_mask.index_select(0, index),
+        )

@@ -1,0 +1,276 @@
+"""`nmt preprocess`: raw parallel text -> a self-describing data-bin/ directory.
+
+Stages, each streamed line by line through files (never a whole corpus in memory):
+1. normalize + tokenize every split; clean the training pairs (`text/clean.py`);
+2. learn BPE on the tokenized training text (or reuse a model, or skip: `--bpe none`);
+3. segment every split into pieces, counting training pieces;
+4. build (or load) the dictionaries;
+5. binarize every split to `{split}.{src}-{tgt}.{lang}.bin/.idx`.
+Everything is written into a hidden sibling of `--destdir` that is renamed into
+place at the end (`staging.py`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import itertools
+import json
+import shutil
+from collections import Counter
+from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from nmt_cli import __version__
+from nmt_cli.config import PreprocessConfig
+from nmt_cli.data.dictionary import Dictionary
+from nmt_cli.errors import NmtError
+from nmt_cli.staging import check_destination, create_staging, publish
+from nmt_cli.text.bpe import learn_bpe
+from nmt_cli.text.clean import CleanSettings
+from nmt_cli.text.progress import StageReporter
+from nmt_cli.text.reader import count_lines, read_lines
+from nmt_cli.text.parallel import binarize_file, segment_file, tokenize_parallel
+from nmt_cli.text.stages import JobRunner, TokenizeResult
+from nmt_cli.text.tokenizer import TokenizerSettings
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Split:
+    name: str  # train, valid, valid1, test, test1, ...
+    prefix: Path  # files are {prefix}.{lang}
+    clean: bool  # only training pairs are ever dropped
+
+
+@dataclass(frozen=True)
+class PreprocessResult:
+    meta: dict
+    seconds: float
+    up_to_date: bool  # the destination already held this dataset; nothing was done
+
+
+def plan_splits(cfg: PreprocessConfig) -> list[Split]:
+    splits = [Split("train", cfg.trainpref, clean=True)]
+    for kind, prefixes in (("valid", cfg.validpref), ("test", cfg.testpref)):
+        splits += [Split(f"{kind}{i if i else ''}", prefix, clean=False) for i, prefix in enumerate(prefixes)]
+    return splits
+
+
+def input_path(prefix: Path, lang: str) -> Path:
+    return Path(f"{prefix}.{lang}")
+
+
+def count_pairs(cfg: PreprocessConfig, splits: list[Split]) -> dict[str, int]:
+    """Check every input exists, is non-empty and that both sides have equal line counts."""
+    counts = {}
+    for split in splits:
+        src, tgt = input_path(split.prefix, cfg.source_lang), input_path(split.prefix, cfg.target_lang)
+        src_lines, tgt_lines = count_lines(src), count_lines(tgt)
+        if src_lines != tgt_lines:
+            raise NmtError(f"line counts differ: {src} has {src_lines} lines, {tgt} has {tgt_lines}")
+        counts[split.name] = src_lines
+    for path in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model):
+        if path is not None and not path.is_file():
+            raise NmtError(f"file not found: {path}")
+    return counts
+
+
+def fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
+    """Identifies a dataset: settings (not --workers, which cannot change the output) and input files."""
+    settings = {k: str(v) for k, v in asdict(cfg).items() if k not in ("workers", "force", "destdir")}
+    files = [input_path(s.prefix, lang) for s in splits for lang in (cfg.source_lang, cfg.target_lang)]
+    files += [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    blob = json.dumps({"nmt": __version__, "settings": settings, "files": stats}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
+    splits = plan_splits(cfg)
+    line_counts = count_pairs(cfg, splits)
+    print_id = fingerprint(cfg, splits)
+    if check_destination(cfg.destdir, print_id, cfg.force):
+        meta = json.loads((cfg.destdir / "meta.json").read_text(encoding="utf-8"))
+        return PreprocessResult(meta, reporter.elapsed(), up_to_date=True)
+    staging = create_staging(cfg.destdir)
+    try:
+        meta = build_data_bin(cfg, splits, line_counts, staging, reporter)
+        meta["fingerprint"] = print_id
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        publish(staging, cfg.destdir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return PreprocessResult(meta, reporter.elapsed(), up_to_date=False)
+
+
+def build_data_bin(
+    cfg: PreprocessConfig, splits: list[Split], line_counts: dict[str, int], out: Path, reporter: StageReporter
+) -> dict:
+    """Run every stage into directory `out`; return the contents of meta.json."""
+    work = out / "work"
+    work.mkdir()
+    langs = {"src": cfg.source_lang, "tgt": cfg.target_lang}
+    clean = CleanSettings(cfg.min_len, cfg.max_len, cfg.max_ratio)
+    with JobRunner(cfg.workers) as runner:
+        tokenized, kept = {}, {}
+        for split in splits:
+            paths = {side: work / f"{split.name}.tok.{lang}" for side, lang in langs.items()}
+            result = tokenize_parallel(
+                input_path(split.prefix, cfg.source_lang),
+                input_path(split.prefix, cfg.target_lang),
+                line_counts[split.name],
+                (paths["src"], paths["tgt"]),
+                (tokenizer_settings(cfg, cfg.source_lang), tokenizer_settings(cfg, cfg.target_lang)),
+                clean if split.clean else None,
+                runner,
+                reporter,
+                f"tokenize {split.name}",
+            )
+            tokenized[split.name], kept[split.name] = paths, result.pairs_kept
+            if split.clean:
+                cleaning = result
+        if cleaning.pairs_kept == 0:
+            raise NmtError(f"no training pairs left after cleaning {cfg.trainpref}.{{{cfg.source_lang},{cfg.target_lang}}}")
+
+        bpe_meta, models = prepare_bpe(cfg, tokenized["train"], out, reporter)
+        segmented, train_counts = {}, {}
+        for split in splits:
+            for side, lang in langs.items():
+                dest = work / f"{split.name}.bpe.{lang}"
+                piece_counts = segment_file(
+                    tokenized[split.name][side], kept[split.name], models[side], dest, split.name == "train",
+                    runner, reporter, f"segment {split.name}.{lang}",
+                )
+                tokenized[split.name][side].unlink()  # intermediate files can be large: keep disk use down
+                segmented[(split.name, side)] = dest
+                if split.name == "train":
+                    train_counts[side] = piece_counts
+
+        dict_paths = make_dictionaries(cfg, train_counts, out)
+        counts: dict[str, dict] = {}
+        for split in splits:
+            entry = counts[split.name] = {"sentences": kept[split.name], "tokens": {}, "unk": {}}
+            for side, lang in langs.items():
+                stats = binarize_file(
+                    segmented[(split.name, side)], kept[split.name], dict_paths[side],
+                    out / f"{split.name}.{cfg.source_lang}-{cfg.target_lang}.{lang}",
+                    runner, reporter, f"binarize {split.name}.{lang}",
+                )
+                entry["tokens"][lang], entry["unk"][lang] = stats.tokens, stats.unk
+                segmented[(split.name, side)].unlink()
+    shutil.rmtree(work)
+    return make_meta(cfg, splits, bpe_meta, dict_paths, counts, cleaning)
+
+
+def tokenizer_settings(cfg: PreprocessConfig, lang: str) -> TokenizerSettings:
+    return TokenizerSettings(cfg.tokenizer, lang, cfg.normalize_punctuation, cfg.aggressive_dash_splits)
+
+
+def prepare_bpe(
+    cfg: PreprocessConfig, train_tok: dict[str, Path], out: Path, reporter: StageReporter
+) -> tuple[dict | None, dict[str, Path | None]]:
+    """Learn (or copy) the BPE model(s) into `out`; return their meta.json entry and paths per side."""
+    if cfg.bpe == "none":
+        return None, {"src": None, "tgt": None}
+    if cfg.bpe_model is not None:
+        shutil.copyfile(cfg.bpe_model, out / "bpe.model")
+        return {"type": "sentencepiece", "model": "bpe.model"}, {"src": out / "bpe.model", "tgt": out / "bpe.model"}
+    if not cfg.separate_bpe:
+        reporter.log(f"learning joint BPE ({cfg.bpe_size} pieces, sample of at most {cfg.bpe_sample} sentences)")
+        sentences = itertools.chain(read_lines(train_tok["src"]), read_lines(train_tok["tgt"]))
+        model = out / "bpe.model"
+        learn_bpe(sentences, model, cfg.bpe_size, cfg.bpe_sample, cfg.bpe_seed)
+        return {"type": "sentencepiece", "model": model.name}, {"src": model, "tgt": model}
+    models = {}
+    for side, lang in (("src", cfg.source_lang), ("tgt", cfg.target_lang)):
+        reporter.log(f"learning BPE for {lang} ({cfg.bpe_size} pieces)")
+        models[side] = out / f"bpe.{lang}.model"
+        learn_bpe(read_lines(train_tok[side]), models[side], cfg.bpe_size, cfg.bpe_sample, cfg.bpe_seed)
+    return {"type": "sentencepiece", "model_src": models["src"].name, "model_tgt": models["tgt"].name}, models
+
+
+def make_dictionaries(cfg: PreprocessConfig, train_counts: dict[str, Counter], out: Path) -> dict[str, Path]:
+    """Build (fairseq's thresholds and sizes) or load the dictionaries; write `dict.{lang}.txt`."""
+    if cfg.joined_dictionary:
+        joined = (
+            Dictionary.load(cfg.srcdict)
+            if cfg.srcdict is not None
+            else Dictionary.build(train_counts["src"] + train_counts["tgt"], cfg.thresholdsrc, cfg.nwordssrc)
+        )
+        dictionaries = {"src": joined, "tgt": joined}
+    else:
+        dictionaries = {
+            "src": Dictionary.load(cfg.srcdict) if cfg.srcdict else Dictionary.build(train_counts["src"], cfg.thresholdsrc, cfg.nwordssrc),
+            "tgt": Dictionary.load(cfg.tgtdict) if cfg.tgtdict else Dictionary.build(train_counts["tgt"], cfg.thresholdtgt, cfg.nwordstgt),
+        }
+    paths = {}
+    for side, lang in (("src", cfg.source_lang), ("tgt", cfg.target_lang)):
+        paths[side] = out / f"dict.{lang}.txt"
+        dictionaries[side].save(paths[side])
+    return paths
+
+
+def make_meta(
+    cfg: PreprocessConfig,
+    splits: list[Split],
+    bpe_meta: dict | None,
+    dict_paths: dict[str, Path],
+    counts: dict[str, dict],
+    cleaning: TokenizeResult,
+) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "source_lang": cfg.source_lang,
+        "target_lang": cfg.target_lang,
+        "joined_dictionary": cfg.joined_dictionary,
+        "tokenizer": tokenizer_settings(cfg, cfg.source_lang).to_meta(),
+        "bpe": bpe_meta,
+        "dictionary_size": {
+            cfg.source_lang: len(Dictionary.load(dict_paths["src"])),
+            cfg.target_lang: len(Dictionary.load(dict_paths["tgt"])),
+        },
+        "inputs": {split.name: str(split.prefix) for split in splits},
+        "counts": counts,
+        "cleaning": {
+            "min_len": cfg.min_len,
+            "max_len": cfg.max_len,
+            "max_ratio": cfg.max_ratio,
+            "pairs_read": cleaning.pairs_read,
+            "pairs_kept": cleaning.pairs_kept,
+            "dropped": cleaning.dropped,
+        },
+        "versions": {"nmt": __version__, "sentencepiece": _version("sentencepiece"), "sacremoses": _version("sacremoses")},
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def summary_lines(result: PreprocessResult) -> list[str]:
+    """A short human-readable report of a data-bin/ (for stdout)."""
+    meta = result.meta
+    langs = (meta["source_lang"], meta["target_lang"])
+    lines = []
+    if result.up_to_date:
+        lines.append("already up to date (same inputs and settings); nothing to do")
+    for split, entry in meta["counts"].items():
+        per_lang = []
+        for lang in langs:
+            tokens, unk = entry["tokens"][lang], entry["unk"][lang]
+            per_lang.append(f"{lang}: {tokens} tokens, {100 * unk / max(tokens, 1):.2f}% <unk>")
+        lines.append(f"{split}: {entry['sentences']} sentences; " + "; ".join(per_lang))
+    cleaning = meta["cleaning"]
+    dropped = ", ".join(f"{n} {reason}" for reason, n in cleaning["dropped"].items() if n) or "none"
+    lines.append(f"train cleaning: kept {cleaning['pairs_kept']} of {cleaning['pairs_read']} pairs; dropped: {dropped}")
+    lines.append("dictionary: " + ", ".join(f"{lang} {n} symbols" for lang, n in meta["dictionary_size"].items()))
+    lines.append(f"time: {result.seconds:.1f}s")
+    return lines

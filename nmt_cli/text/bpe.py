@@ -1,0 +1,96 @@
+"""BPE with sentencepiece: learn a model from tokenized text, segment and restore lines.
+
+sentencepiece runs on Moses-tokenized text with its own normalization turned off
+(`identity`), so `decode(encode(line)) == line` for every canonical tokenized
+line (tokens separated by single spaces): pieces that start a word carry `▁`,
+which is how decoding knows where the spaces go. One consequence: a literal
+U+2581 (`▁`) in the input text is read back as a word boundary.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt_cli.errors import NmtError
+
+WORD_START = "\u2581"
+# sentencepiece's learned model depends on its thread count; a fixed count keeps
+# the model (and everything after it) identical whatever --workers is.
+TRAIN_THREADS = 4
+
+
+def learn_bpe(
+    sentences: Iterable[str],
+    model_path: Path,
+    vocab_size: int,
+    sample_size: int,
+    seed: int,
+) -> None:
+    """Learn a BPE model from `sentences` and write it to `model_path`.
+
+    At most `sample_size` sentences (a seeded random sample, <= 0: all) are kept in
+    memory, so arbitrarily large corpora can be streamed through `sentences`.
+    The same sentences, size and seed give a byte-identical model file.
+    """
+    if vocab_size < 2:
+        raise NmtError(f"BPE vocabulary size must be at least 2, got {vocab_size}")
+    spm.set_random_generator_seed(seed)
+    # Serialized in memory: a model written by sentencepiece itself records its output path.
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            model_type="bpe",
+            vocab_size=vocab_size,
+            character_coverage=1.0,
+            input_sentence_size=max(sample_size, 0),
+            shuffle_input_sentence=True,
+            normalization_rule_name="identity",
+            byte_fallback=False,
+            num_threads=TRAIN_THREADS,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e))
+        if too_high:
+            raise NmtError(
+                f"BPE vocabulary size {too_high.group(1)} is too large for this training text "
+                f"(at most {too_high.group(2)}); use a smaller --bpe-size/--vocab-size"
+            ) from None
+        raise NmtError(f"sentencepiece could not learn a model: {e}") from None
+    Path(model_path).write_bytes(model.getvalue())
+
+
+class BpeModel:
+    """A loaded sentencepiece model: tokenized line <-> pieces."""
+
+    def __init__(self, path: Path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise NmtError(f"BPE model not found: {path}")
+        self.path = path
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.load(str(path))
+        except (OSError, RuntimeError):
+            raise NmtError(f"not a sentencepiece model: {path}") from None
+
+    def size(self) -> int:
+        """Number of pieces in the model."""
+        return self._sp.get_piece_size()
+
+    def encode(self, line: str) -> list[str]:
+        return self._sp.encode(line, out_type=str)
+
+    def decode(self, pieces: list[str]) -> str:
+        return self._sp.decode_pieces(pieces)
+
+    def encode_lines(self, lines: Iterable[str]) -> Iterator[list[str]]:
+        for line in lines:
+            yield self.encode(line)

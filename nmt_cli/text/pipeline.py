@@ -1,0 +1,88 @@
+"""The preprocessing of one language, rebuilt from a data-bin/ (or run) directory.
+
+`translate` builds one `TextPipeline` per side at start-up and calls `encode` /
+`decode` per line; construction loads the tokenizer and the BPE model once.
+meta.json's `bpe` entry is `null` (pre-segmented text), a sentencepiece model
+(`{"type": "sentencepiece", "model": ...}` or per side `model_src`/`model_tgt`),
+or subword-nmt codes (`{"type": "subword_nmt", "codes": ..., "separator": "@@"}`,
+for models imported from fairseq).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+from nmt_cli.errors import NmtError
+from nmt_cli.text.bpe import BpeModel
+from nmt_cli.text.subword_nmt import DEFAULT_SEPARATOR, SubwordNmtBpe
+from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
+
+
+class Segmenter(Protocol):
+    """Tokenized line <-> subword pieces."""
+
+    def encode(self, line: str) -> list[str]: ...
+
+    def decode(self, pieces: list[str]) -> str: ...
+
+
+class TextPipeline:
+    """Raw line -> pieces (normalize, tokenize, BPE) and pieces -> raw-ish line."""
+
+    def __init__(self, tokenizer: TokenizerSettings, bpe_model: Path | None = None, bpe: Segmenter | None = None) -> None:
+        """`bpe_model`: a sentencepiece model file; or pass any loaded `bpe` segmenter."""
+        if bpe_model is not None and bpe is not None:
+            raise ValueError("pass bpe_model or bpe, not both")
+        self.tokenizer = Tokenizer(tokenizer)
+        self.bpe: Segmenter | None = BpeModel(bpe_model) if bpe_model is not None else bpe
+
+    @classmethod
+    def from_data_bin(cls, data_bin_dir: str | Path, lang: str) -> "TextPipeline":
+        """The exact text processing `nmt preprocess` applied to language `lang`."""
+        directory = Path(data_bin_dir)
+        meta = read_meta(directory)
+        sides = {meta.get("source_lang"): "src", meta.get("target_lang"): "tgt"}
+        if lang not in sides:
+            raise NmtError(
+                f"language {lang!r} is not in {directory / 'meta.json'} "
+                f"(it has {meta.get('source_lang')} and {meta.get('target_lang')})"
+            )
+        settings = TokenizerSettings.from_meta(meta.get("tokenizer") or {"name": "none"}, lang)
+        bpe = meta.get("bpe")
+        if bpe and bpe.get("type") == "subword_nmt":
+            codes = directory / bpe.get("codes", "bpe.codes")
+            return cls(settings, bpe=SubwordNmtBpe.load(codes, bpe.get("separator", DEFAULT_SEPARATOR)))
+        return cls(settings, bpe_model_path(directory, meta, sides[lang]))
+
+    def encode(self, line: str) -> list[str]:
+        tokenized = self.tokenizer.tokenize(line)
+        return self.bpe.encode(tokenized) if self.bpe is not None else tokenized.split()
+
+    def decode(self, pieces: list[str]) -> str:
+        tokenized = self.bpe.decode(pieces) if self.bpe is not None else " ".join(pieces)
+        return self.tokenizer.detokenize(tokenized.split())
+
+
+def read_meta(directory: Path) -> dict:
+    path = directory / "meta.json"
+    if not path.is_file():
+        raise NmtError(f"no meta.json in {directory} (not a data-bin directory written by `nmt preprocess`?)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NmtError(f"corrupt {path}: {e}") from None
+
+
+def bpe_model_path(directory: Path, meta: dict, side: str) -> Path | None:
+    """The BPE model file of one side ("src" or "tgt"), or None for pre-segmented text."""
+    bpe = meta.get("bpe")
+    if not bpe:
+        return None
+    if bpe.get("type", "sentencepiece") != "sentencepiece":
+        raise NmtError(f"unknown BPE type {bpe.get('type')!r} in {directory / 'meta.json'}")
+    name = bpe.get("model") or bpe.get(f"model_{side}")
+    if not name:
+        raise NmtError(f"meta.json in {directory} names no BPE model for the {side} side")
+    return directory / name

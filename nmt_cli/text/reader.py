@@ -1,0 +1,129 @@
+"""Strict line reading: UTF-8 only, errors that name the file and line.
+
+Lines are split on `\\n` alone (never on the Unicode line separators that
+`str.splitlines` also honours, which would silently misalign parallel files).
+A trailing `\\r` (CRLF files) is removed, as is a UTF-8 byte order mark at the
+very start of a file. NUL bytes and invalid UTF-8 are errors.
+
+Files are read in byte ranges that start at line starts, so several processes
+can each read one part of a large file (`line_chunks`) and their outputs can be
+concatenated in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from nmt_cli.errors import NmtError, where
+
+BOM = b"\xef\xbb\xbf"
+_BLOCK = 1 << 24  # bytes per read when scanning for newlines
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Lines [first_line, first_line + num_lines) of a file, at bytes [start, end)."""
+
+    start: int
+    end: int
+    first_line: int  # 1-based number of the chunk's first line (for error messages)
+    num_lines: int
+
+
+def check_readable(path: Path) -> None:
+    """Raise a clear error for a missing, non-regular or empty input file."""
+    if not path.exists():
+        raise NmtError(f"file not found: {path}")
+    if not path.is_file():
+        raise NmtError(f"not a regular file: {path}")
+    if path.stat().st_size == 0:
+        raise NmtError(f"empty file: {path}")
+
+
+def count_lines(path: Path) -> int:
+    """Number of lines; a last line without a final newline still counts."""
+    check_readable(path)
+    count, last = 0, b""
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (1 if last != b"\n" else 0)
+
+
+def line_start_offsets(path: Path, line_indices: list[int]) -> list[int]:
+    """Byte offset where each 0-based line index starts (an index == the line count maps to EOF)."""
+    wanted = sorted(set(line_indices))
+    found: dict[int, int] = {}
+    newlines_before, position = 0, 0
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            # Line k starts one byte after the k-th newline.
+            newline_at = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+            for k in wanted:
+                if k == 0:
+                    found[0] = 0
+                elif k not in found and newlines_before < k <= newlines_before + len(newline_at):
+                    found[k] = position + int(newline_at[k - newlines_before - 1]) + 1
+            newlines_before += len(newline_at)
+            position += len(block)
+    for k in wanted:
+        found.setdefault(k, position)
+    return [found[k] for k in line_indices]
+
+
+def line_chunks(path: Path, num_lines: int, num_chunks: int) -> list[Chunk]:
+    """Split a file into `num_chunks` runs of consecutive lines (as equal in lines as possible)."""
+    num_chunks = max(1, min(num_chunks, num_lines))
+    bounds = [num_lines * i // num_chunks for i in range(num_chunks + 1)]
+    offsets = line_start_offsets(path, bounds) if num_chunks > 1 else [0, path.stat().st_size]
+    return [
+        Chunk(start=offsets[i], end=offsets[i + 1], first_line=bounds[i] + 1, num_lines=bounds[i + 1] - bounds[i])
+        for i in range(num_chunks)
+    ]
+
+
+def decode_line(raw: bytes, name: object, lineno: int) -> str:
+    """One raw line (with or without its newline) -> text, or an `NmtError` naming file and line."""
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if b"\x00" in raw:
+        raise NmtError(f"NUL byte (binary data?) at {where(name, lineno)}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NmtError(f"invalid UTF-8 at {where(name, lineno)} (byte {e.start + 1} of the line)") from None
+
+
+def read_lines(path: Path, chunk: Chunk | None = None) -> Iterator[str]:
+    """Yield the lines of `path` (or of one chunk of it), decoded and without line endings."""
+    start, end = (chunk.start, chunk.end) if chunk is not None else (0, None)
+    lineno = chunk.first_line if chunk is not None else 1
+    with open(path, "rb") as f:
+        f.seek(start)
+        position = start
+        while end is None or position < end:
+            raw = f.readline()
+            if not raw:
+                break
+            if position == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM):]
+                position += len(BOM)
+            position += len(raw)
+            yield decode_line(raw, path, lineno)
+            lineno += 1
+
+
+def read_stream(stream: BinaryIO, name: str) -> Iterator[str]:
+    """Like `read_lines`, for an already-open binary stream such as stdin."""
+    for lineno, raw in enumerate(stream, start=1):
+        if lineno == 1 and raw.startswith(BOM):
+            raw = raw[len(BOM):]
+        yield decode_line(raw, name, lineno)

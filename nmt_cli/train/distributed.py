@@ -1,0 +1,85 @@
+"""Process-group setup for `torchrun`: which rank this is, which device it uses.
+
+Under `torchrun` the environment holds RANK, LOCAL_RANK and WORLD_SIZE; with
+WORLD_SIZE > 1 the default process group is initialised from it (NCCL on GPU, gloo on
+CPU). A plain `nmt train` is a world of one and touches no process group.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from nmt_cli.errors import NmtError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise NmtError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def choose_device(device: str, local_rank: int) -> torch.device:
+    """`auto`: this rank's GPU when there is one, else the CPU."""
+    if device == "auto":
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda":
+        device = f"cuda:{local_rank}"
+    chosen = torch.device(device)
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            raise NmtError(f"--device {device}: CUDA is not available")
+        torch.cuda.set_device(chosen)
+    return chosen
+
+
+def setup(device: str) -> DistInfo:
+    """Initialise the process group when launched with WORLD_SIZE > 1."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    chosen = choose_device(device, local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        timeout = timedelta(minutes=30)
+        if chosen.type == "cuda":
+            dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=chosen)
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    return DistInfo(rank, world_size, local_rank, chosen)
+
+
+def teardown(info: DistInfo) -> None:
+    if info.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum `tensor` over ranks (in place); a no-op in a world of one."""
+    if info.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    if info.world_size > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor

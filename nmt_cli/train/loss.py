@@ -1,0 +1,88 @@
+"""Label-smoothed cross entropy, fairseq's `label_smoothed_cross_entropy` formula.
+
+For one target token t with log-probabilities log p over a vocabulary of V symbols:
+
+    nll    = -log p[t]
+    smooth = -sum_v log p[v]
+    loss   = (1 - eps - eps_i) * nll + eps_i * smooth,   eps_i = eps / (V - 1)
+
+i.e. the target keeps probability mass 1 - eps and every other symbol gets eps / (V - 1)
+(fairseq's current formula). Pad positions contribute nothing. Losses are *sums* over
+tokens; the trainer divides by the number of target tokens of the whole update.
+
+The computation never materialises a float32 copy of the (B, T, V) logits: it works in
+float32 on row chunks and recomputes the softmax in the backward pass, so under bf16
+autocast the only (B, T, V) tensors are the bf16 logits and their bf16 gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Rows per chunk are chosen so that one float32 chunk is about this many elements.
+CHUNK_ELEMENTS = 1 << 25
+
+
+def _rows_per_chunk(vocab_size: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocab_size)
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Per-row (nll, smooth) terms from logits, with a chunked memory-light backward."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor):
+        # logits (N, V) any float dtype; target (N,) int64
+        N, V = logits.shape
+        lse = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,)
+        sum_logits = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,)
+        step = _rows_per_chunk(V)
+        for start in range(0, N, step):
+            chunk = logits[start : start + step].float()
+            lse[start : start + step] = torch.logsumexp(chunk, dim=-1)
+            sum_logits[start : start + step] = chunk.sum(dim=-1)
+        target_logit = logits.gather(1, target.unsqueeze(1)).squeeze(1).float()  # (N,)
+        nll = lse - target_logit  # -log p[t]
+        smooth = V * lse - sum_logits  # -sum_v log p[v]
+        ctx.save_for_backward(logits, target)
+        return nll, smooth
+
+    @staticmethod
+    def backward(ctx, grad_nll: torch.Tensor, grad_smooth: torch.Tensor):
+        # With a, b the incoming gradients of a row's nll and smooth terms:
+        # d/dz_v (a * nll + b * smooth) = (a + V b) p_v - a [v = t] - b.
+        logits, target = ctx.saved_tensors
+        N, V = logits.shape
+        grad = torch.empty_like(logits)
+        step = _rows_per_chunk(V)
+        for start in range(0, N, step):
+            rows = slice(start, start + step)
+            a, b = grad_nll[rows].unsqueeze(1), grad_smooth[rows].unsqueeze(1)  # (n, 1)
+            probs = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
+            chunk = torch.addcmul(-b, probs, a + V * b)
+            chunk.scatter_add_(1, target[rows].unsqueeze(1), -a)
+            grad[rows].copy_(chunk)
+        return grad, None
+
+
+def label_smoothed_nll_loss(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    epsilon: float,
+    ignore_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed label-smoothed loss and summed nll (detached) over non-pad targets.
+
+    `logits` (B, T, V) or (N, V), any float dtype; `target` (B, T) or (N,). Both
+    results are float32 scalars, in nats.
+    """
+    V = logits.size(-1)
+    logits = logits.reshape(-1, V)  # (N, V)
+    target = target.reshape(-1)  # (N,)
+    eps_i = epsilon / (V - 1) if V > 1 else 0.0
+    weight_nll, weight_smooth = 1.0 - epsilon - eps_i, eps_i
+    nll, smooth = _SmoothedCrossEntropy.apply(logits, target)
+    mask = (target != ignore_index).float()  # (N,)
+    nll, smooth = nll * mask, smooth * mask
+    loss = weight_nll * nll.sum() + weight_smooth * smooth.sum()
+    return loss, nll.sum().detach()

@@ -1,0 +1,114 @@
+"""Training output: human-readable lines on stderr, JSON lines in `RUN/train_log.jsonl`.
+
+Only the main rank prints or writes. Losses are reported in bits per token (base 2)
+as fairseq reports them, so `ppl = 2 ** nll`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from nmt_cli.errors import NmtError
+
+LOG_NAME = "train_log.jsonl"
+
+
+class MetricsLog:
+    """`train_log.jsonl`, cut back to its first `keep_records` lines when resuming."""
+
+    def __init__(self, path: Path, enabled: bool, keep_records: int) -> None:
+        self.path = path
+        self.enabled = enabled
+        if enabled:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+            if len(lines) < keep_records:
+                raise NmtError(f"{path} has {len(lines)} records but the checkpoint expects {keep_records}")
+            try:
+                path.write_text("".join(lines[:keep_records]), encoding="utf-8")
+            except OSError as error:
+                raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+class Reporter:
+    """Progress lines on stderr (rich adds colour on a terminal, plain text otherwise)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    def info(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(message, markup=False)
+
+    def warning(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(f"warning: {message}", markup=False, style="yellow")
+
+    def train_line(self, record: dict[str, Any], eta_seconds: float | None) -> None:
+        parts = [
+            f"epoch {record['epoch']:03d}",
+            f"update {record['update']}",
+            f"loss {record['loss']:.3f}",
+            f"nll {record['nll']:.3f}",
+            f"ppl {record['ppl']:.2f}",
+            f"lr {record['lr']:.3g}",
+            f"gnorm {record['gnorm']:.3f}",
+            f"tgt_tok/s {record['tokens_per_s']:.0f}",
+            f"wall {format_duration(record['wall'])}",
+        ]
+        if record.get("overflows"):
+            parts.append(f"fp16 overflows {record['overflows']}")
+        if eta_seconds is not None:
+            parts.append(f"eta {format_duration(eta_seconds)}")
+        self.info(" | ".join(parts))
+
+    def valid_line(self, record: dict[str, Any]) -> None:
+        best = record.get("best")
+        self.info(
+            f"epoch {record['epoch']:03d} | valid on '{record['subset']}' | update {record['update']} | "
+            f"loss {record['loss']:.3f} | nll {record['nll']:.3f} | ppl {record['ppl']:.2f}"
+            + (f" | best {best:.3f}" if best is not None else "")
+        )
+
+
+def per_token_bits(total_nats: float, tokens: int) -> float:
+    return total_nats / max(tokens, 1) / math.log(2)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def parse_duration(text: str) -> float:
+    """`90`, `90s`, `15m`, `2h`, `1d` or `1h30m` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip().lower()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    total, number = 0.0, ""
+    for char in text:
+        if char.isdigit() or char == ".":
+            number += char
+        elif char in units and number:
+            total += float(number) * units[char]
+            number = ""
+        else:
+            raise NmtError(f"--max-time {text!r} is not a duration such as 3600, 90s, 15m, 2h or 1h30m")
+    if number:
+        raise NmtError(f"--max-time {text!r}: the number {number} has no unit (s, m, h, d)")
+    return total

@@ -1,0 +1,97 @@
+"""The run directory: its setup, checkpoint files and their retention.
+
+Names follow fairseq: `checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint{EPOCH}.pt`
+(end of an epoch) and `checkpoint_{EPOCH}_{UPDATES}.pt` (every N updates).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.checkpoint import save_checkpoint
+from nmt_cli.config import ModelConfig, TrainConfig
+from nmt_cli.data.pairs import DataBin
+from nmt_cli.errors import NmtError
+
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
+UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+
+
+def check_writable(save_dir: Path) -> None:
+    """NmtError unless `save_dir` exists (or can be made) and accepts new files."""
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        probe = save_dir / f".write-test.{os.getpid()}.{secrets.token_hex(4)}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise NmtError(f"cannot write to --save-dir {save_dir}: {error.strerror or error}") from None
+
+
+def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: ModelConfig) -> None:
+    """Copy the data-bin's self-description into the run and write `config.json`.
+
+    With meta.json, the dictionaries and the BPE model(s) next to the checkpoints, a
+    run directory is all `nmt translate` needs.
+    """
+    names = ["meta.json", f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
+    names += sorted(p.name for p in data.path.glob("*.model"))
+    try:
+        for name in dict.fromkeys(names):
+            shutil.copyfile(data.path / name, save_dir / name)
+        config = {"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}
+        (save_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        raise NmtError(f"cannot prepare run directory {save_dir}: {error.strerror or error} ({error.filename})") from None
+
+
+def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:
+    """Which files this save writes: the numbered ones its cadence asks for, then last/best."""
+    names = []
+    if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0:
+        names.append(f"checkpoint{epoch}.pt")
+    if not end_of_epoch and cfg.save_interval_updates and num_updates % cfg.save_interval_updates == 0:
+        names.append(f"checkpoint_{epoch}_{num_updates}.pt")
+    names.append(LAST)
+    if is_best:
+        names.append(BEST)
+    return names
+
+
+def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -> None:
+    """Serialise once to the first name, then copy atomically to the others."""
+    first = save_dir / names[0]
+    save_checkpoint(state, first)
+    for name in names[1:]:
+        tmp = save_dir / f".{name}.{os.getpid()}.tmp"
+        try:
+            shutil.copyfile(first, tmp)
+            os.replace(tmp, save_dir / name)
+        except OSError as error:
+            tmp.unlink(missing_ok=True)
+            raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
+
+
+def files_to_prune(names: list[str], keep_last_epochs: int, keep_interval_updates: int) -> list[str]:
+    """Numbered checkpoints beyond the newest `keep_*` of their kind (-1: keep all)."""
+    doomed = []
+    if keep_last_epochs > 0:
+        epochs = sorted((int(m.group(1)), n) for n in names if (m := EPOCH_NAME.match(n)))
+        doomed += [n for _, n in epochs[:-keep_last_epochs]]
+    if keep_interval_updates > 0:
+        updates = sorted((int(m.group(2)), n) for n in names if (m := UPDATE_NAME.match(n)))
+        doomed += [n for _, n in updates[:-keep_interval_updates]]
+    return doomed
+
+
+def prune_checkpoints(save_dir: Path, cfg: TrainConfig) -> None:
+    names = [p.name for p in save_dir.iterdir()]
+    for name in files_to_prune(names, cfg.keep_last_epochs, cfg.keep_interval_updates):
+        (save_dir / name).unlink(missing_ok=True)

@@ -1,0 +1,108 @@
+"""Training progress and RNG state: what a checkpoint must hold to resume exactly.
+
+Besides the keys of docs/FORMATS.md a training checkpoint holds `patience_counter`
+(validations without improvement) and `log_records` (lines of train_log.jsonl written
+so far, so that a resumed run rewrites the log from exactly that point).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt_cli.config import ModelConfig
+from nmt_cli.data.pairs import DataBin
+from nmt_cli.errors import NmtError
+
+# Fields that may change between a run and its resumption; everything else shapes the weights.
+RESUMABLE_MODEL_CHANGES = ("dropout", "attention_dropout", "activation_dropout")
+
+
+@dataclass
+class Progress:
+    """Where training stands; `batches_done` counts batches of `epoch` already consumed."""
+
+    num_updates: int = 0
+    epoch: int = 1
+    batches_done: int = 0
+    best_metric: float | None = None
+    patience_counter: int = 0
+    log_records: int = 0
+
+
+def progress_to_checkpoint(progress: Progress, completed_epoch: int) -> dict[str, Any]:
+    """The progress keys of a checkpoint; `completed_epoch` is what `epoch` reports."""
+    return {
+        "num_updates": progress.num_updates,
+        "epoch": completed_epoch,
+        "iterator": {"epoch": progress.epoch, "batches_done": progress.batches_done},
+        "best_metric": progress.best_metric,
+        "patience_counter": progress.patience_counter,
+        "log_records": progress.log_records,
+    }
+
+
+def progress_from_checkpoint(state: dict[str, Any], path: Path) -> Progress:
+    try:
+        iterator = state["iterator"]
+        return Progress(
+            num_updates=int(state["num_updates"]),
+            epoch=int(iterator["epoch"]),
+            batches_done=int(iterator["batches_done"]),
+            best_metric=None if state["best_metric"] is None else float(state["best_metric"]),
+            patience_counter=int(state.get("patience_counter", 0)),
+            log_records=int(state.get("log_records", 0)),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise NmtError(f"{path} is not a training checkpoint (no resumable progress: {error!r})") from None
+
+
+def capture_rng() -> dict[str, Any]:
+    """RNG states as plain values and tensors (loadable with weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(rng: dict[str, Any]) -> None:
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def seed_for_update(seed: int, num_updates: int, rank: int) -> None:
+    """Seed torch's RNGs from (seed, update, rank): dropout masks then depend on nothing
+    else, so a resumed run draws exactly the masks the uninterrupted run would have."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, num_updates, rank]).generate_state(1)[0]))
+
+
+def check_compatible(state: dict[str, Any], path: Path, data: DataBin, model_cfg: ModelConfig) -> None:
+    """NmtError unless the checkpoint was trained on this data-bin's languages and
+    dictionaries, with this architecture (dropout rates may differ)."""
+    pair = f"{state.get('source_lang')}-{state.get('target_lang')}"
+    if (state.get("source_lang"), state.get("target_lang")) != (data.source_lang, data.target_lang):
+        raise NmtError(f"{path} was trained on {pair}, the data-bin {data.path} is {data.source_lang}-{data.target_lang}")
+    for key, dictionary, lang in (("src_dict", data.src_dict, data.source_lang), ("tgt_dict", data.tgt_dict, data.target_lang)):
+        if list(state[key]) != dictionary.symbols:
+            raise NmtError(f"{path} was trained with another {lang} dictionary than {data.path / f'dict.{lang}.txt'}")
+    saved = ModelConfig.from_dict(state["model_config"])
+    neutral = {name: 0.0 for name in RESUMABLE_MODEL_CHANGES}
+    if dataclasses.replace(saved, **neutral) != dataclasses.replace(model_cfg, **neutral):
+        differ = [f.name for f in dataclasses.fields(ModelConfig)
+                  if f.name not in neutral and getattr(saved, f.name) != getattr(model_cfg, f.name)]
+        details = ", ".join(f"{name}={getattr(saved, name)} (flags: {getattr(model_cfg, name)})" for name in differ)
+        raise NmtError(f"{path} has another architecture than --arch and the model flags: {details}")

@@ -1,0 +1,304 @@
+"""The training loop: epochs of updates, logging, validation, checkpoints, stopping.
+
+`train(cfg, model_cfg)` is the whole of `nmt train`. Re-running it on the same run
+directory resumes from `checkpoint_last.pt` exactly where that checkpoint left off
+(the same batches, dropout masks and optimizer state), so an interrupted run and an
+uninterrupted one end with the same parameters and the same train_log.jsonl.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nmt_cli.checkpoint import FORMAT_VERSION, check_state_dict_fits, load_checkpoint
+from nmt_cli.config import ModelConfig, TrainConfig
+from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
+from nmt_cli.data.pairs import PairDataset, load_data_bin
+from nmt_cli.errors import NmtError
+from nmt_cli.train import distributed
+from nmt_cli.train.distributed import DistInfo
+from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
+from nmt_cli.train.saving import LAST, check_writable, checkpoint_names, prepare_run_dir, prune_checkpoints, write_checkpoints
+from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
+from nmt_cli.train.step import Engine, build_engine, evaluate, train_update
+from nmt_cli.train.window import Window
+
+MAX_CONSECUTIVE_OOM = 5
+
+
+@dataclass
+class TrainResult:
+    num_updates: int
+    epoch: int
+    best_metric: float | None
+    stop_reason: str
+
+
+def train(cfg: TrainConfig, model_cfg: ModelConfig) -> TrainResult:
+    """Train (or resume training) as `cfg` says; return where it stopped and why."""
+    dist = distributed.setup(cfg.device)
+    try:
+        return Trainer(cfg, model_cfg, dist).run()
+    finally:
+        distributed.teardown(dist)
+
+
+class Trainer:
+    """State of one training run; `run()` drives it to a stopping condition."""
+
+    def __init__(self, cfg: TrainConfig, model_cfg: ModelConfig, dist: DistInfo) -> None:
+        self.cfg, self.model_cfg, self.dist = cfg, model_cfg, dist
+        self.reporter = Reporter(enabled=dist.is_main)
+        self.data = load_data_bin(cfg.data, cfg.source_lang, cfg.target_lang)
+        self.train_split = self.data.split(cfg.train_subset)
+        self.valid_split = None if cfg.disable_validation else self.data.split(cfg.valid_subset)
+        self.save_dir = Path(cfg.save_dir)
+        check_writable(self.save_dir)
+        resume = self._load_resume_state()
+        self.engine = build_engine(cfg, model_cfg, len(self.data.src_dict), len(self.data.tgt_dict), dist)
+        self.progress = self._restore(resume)
+        if dist.is_main:
+            prepare_run_dir(self.save_dir, self.data, cfg, model_cfg)
+        self.log = MetricsLog(self.save_dir / LOG_NAME, dist.is_main, self.progress.log_records)
+        self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
+        self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
+        self.window = Window.start(self.engine.device)
+        self.start_time = time.monotonic()
+        self.start_updates = self.progress.num_updates
+        self.consecutive_oom = 0
+        self.skipped_oom = 0
+
+    # --- setup ------------------------------------------------------------------------
+
+    def _load_resume_state(self) -> dict[str, Any] | None:
+        path = self.save_dir / LAST
+        if not path.exists():
+            return None
+        state = load_checkpoint(path)  # a corrupt file is an error, never a silent restart
+        check_compatible(state, path, self.data, self.model_cfg)
+        return state
+
+    def _restore(self, resume: dict[str, Any] | None) -> Progress:
+        engine, cfg = self.engine, self.cfg
+        if resume is not None:
+            engine.model.load_state_dict(resume["model"])
+            progress = progress_from_checkpoint(resume, self.save_dir / LAST)
+            if cfg.reset_optimizer:
+                self.reporter.info("--reset-optimizer: fresh optimizer state (weights and progress resumed)")
+            else:
+                engine.optimizer.load_state_dict(resume["optimizer"])
+                if engine.scaler is not None and resume.get("scaler"):
+                    engine.scaler.load_state_dict(resume["scaler"])
+            restore_rng(resume["rng"])
+            self.reporter.info(f"resumed from {self.save_dir / LAST} at update {progress.num_updates}, epoch {progress.epoch}")
+            return progress
+        if cfg.finetune_from:
+            path = Path(cfg.finetune_from)
+            state = load_checkpoint(path)
+            check_compatible(state, path, self.data, self.model_cfg)
+            check_state_dict_fits(engine.model, state["model"], path)
+            engine.model.load_state_dict(state["model"])
+            self.reporter.info(f"fine-tuning from the weights of {path}")
+        return Progress()
+
+    def _plan(self, split: PairDataset, name: str, shuffle_seed: int) -> list[np.ndarray]:
+        cfg = self.cfg
+        kept, skipped = filter_by_size(
+            split.src_sizes, split.tgt_sizes, self.model_cfg.max_source_positions, self.model_cfg.max_target_positions
+        )
+        if skipped:
+            self.reporter.warning(
+                f"{name}: skipped {skipped} of {len(split)} pairs that are empty or longer than "
+                f"--max-source-positions {self.model_cfg.max_source_positions} / "
+                f"--max-target-positions {self.model_cfg.max_target_positions}"
+            )
+        if len(kept) == 0:
+            raise NmtError(f"{name} split of {self.data.path} has no usable pairs")
+        batches = make_batches(split.src_sizes, split.tgt_sizes, cfg.max_tokens, cfg.batch_size,
+                               cfg.required_batch_size_multiple, shuffle_seed, kept)
+        self.reporter.info(f"{name}: {len(kept)} pairs in {len(batches)} batches")
+        return batches
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        cfg, progress = self.cfg, self.progress
+        params = sum(p.numel() for p in self.engine.model.parameters())
+        self.reporter.info(f"model {cfg.arch}: {params:,} parameters; {self.dist.world_size} process(es) on {self.engine.device}, {cfg.precision}")
+        stop = self._limit_reached()
+        while not stop:
+            stop = self._run_epoch()
+        if self.skipped_oom:
+            self.reporter.warning(f"{self.skipped_oom} update(s) skipped after running out of GPU memory")
+        return TrainResult(progress.num_updates, progress.epoch, progress.best_metric, stop)
+
+    def _limit_reached(self) -> str:
+        if self.cfg.max_update and self.progress.num_updates >= self.cfg.max_update:
+            return "max_update"
+        if self.cfg.max_epoch and self.progress.epoch > self.cfg.max_epoch:
+            return "max_epoch"
+        return ""
+
+    def _run_epoch(self) -> str:
+        cfg, progress, dist = self.cfg, self.progress, self.dist
+        order = epoch_batches(self.batches, progress.epoch, cfg.seed)
+        per_update = cfg.update_freq * dist.world_size
+        while progress.batches_done < len(order):
+            group = order[progress.batches_done : progress.batches_done + per_update]
+            shares = rank_share(order, progress.batches_done, cfg.update_freq, dist.world_size, dist.rank)
+            update_ntokens = int(sum(int(self.train_split.tgt_sizes[b].sum()) for b in group))
+            stats = self._guarded_update(shares, group[0], update_ntokens)
+            progress.batches_done += len(group)
+            if stats is None:
+                continue
+            progress.num_updates += 1
+            self.window.add(stats, update_ntokens, progress.num_updates, self.engine.scaler is not None)
+            stop = self._after_update()
+            if stop:
+                return stop
+        return self._end_of_epoch()
+
+    def _guarded_update(self, shares: list[np.ndarray], fallback: np.ndarray, ntokens: int):
+        """One update; on a CUDA out-of-memory error skip it (single process) and go on."""
+        try:
+            stats = train_update(self.engine, self.train_split, shares, fallback, ntokens, self.progress.num_updates)
+            self.consecutive_oom = 0
+            return stats
+        except torch.OutOfMemoryError:
+            if self.dist.world_size > 1:
+                raise NmtError(f"out of GPU memory at update {self.progress.num_updates + 1}; lower --max-tokens") from None
+            self.engine.optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            self.consecutive_oom += 1
+            self.skipped_oom += 1
+            self.reporter.warning(f"out of GPU memory in update {self.progress.num_updates + 1}; skipped its batches")
+            if self.consecutive_oom >= MAX_CONSECUTIVE_OOM:
+                raise NmtError(f"out of GPU memory {self.consecutive_oom} updates in a row; lower --max-tokens") from None
+            return None
+
+    def _after_update(self) -> str:
+        cfg, n = self.cfg, self.progress.num_updates
+        at_log = n % cfg.log_interval == 0
+        if at_log:
+            self._log_train()
+        time_up = self._time_is_up(at_log)
+        at_max = bool(cfg.max_update) and n >= cfg.max_update
+        is_best = False
+        if self.valid_split is not None and ((cfg.validate_interval_updates and n % cfg.validate_interval_updates == 0) or at_max):
+            is_best = self._validate()
+        stop = "max_update" if at_max else "max_time" if time_up else self._patience_exhausted()
+        if (cfg.save_interval_updates and n % cfg.save_interval_updates == 0) or is_best or stop:
+            self._save(end_of_epoch=False, is_best=is_best)
+        if stop == "max_time":
+            self.reporter.info(f"--max-time reached after update {n}; checkpoint saved")
+        return stop
+
+    def _end_of_epoch(self) -> str:
+        cfg, progress = self.cfg, self.progress
+        completed = progress.epoch
+        is_best = False
+        if self.valid_split is not None and cfg.validate_interval and completed % cfg.validate_interval == 0:
+            is_best = self._validate()
+        progress.epoch, progress.batches_done = completed + 1, 0
+        last_epoch = bool(cfg.max_epoch) and completed >= cfg.max_epoch
+        stop = "max_epoch" if last_epoch else self._patience_exhausted()
+        if (cfg.save_interval and completed % cfg.save_interval == 0) or is_best or stop:
+            self._save(end_of_epoch=True, is_best=is_best, completed_epoch=completed)
+        return stop
+
+    def _patience_exhausted(self) -> str:
+        if self.cfg.patience and self.progress.patience_counter >= self.cfg.patience:
+            self.reporter.info(f"stopping: no improvement in {self.cfg.patience} validations (--patience)")
+            return "patience"
+        return ""
+
+    def _time_is_up(self, at_log: bool) -> bool:
+        if not self.cfg.max_time:
+            return False
+        if self.dist.world_size == 1:
+            return time.monotonic() - self.start_time >= self.cfg.max_time
+        if not at_log:  # ranks agree only at log points, where they already communicate
+            return False
+        elapsed = torch.tensor([time.monotonic() - self.start_time], device=self.engine.device)
+        return distributed.all_reduce_max(elapsed, self.dist).item() >= self.cfg.max_time
+
+    # --- logging, validation, checkpoints ---------------------------------------------
+
+    def _log_train(self) -> None:
+        n = self.progress.num_updates
+        totals = self.window.totals(self.dist)
+        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist)
+        now = time.monotonic()
+        record = {
+            "type": "train", "epoch": self.progress.epoch, "update": n,
+            "loss": per_token_bits(totals.loss, totals.tokens), "nll": per_token_bits(totals.nll, totals.tokens),
+            "ppl": 2 ** per_token_bits(totals.nll, totals.tokens), "lr": self.engine.schedule.lr_at(n),
+            "gnorm": totals.grad_norm, "tokens_per_s": totals.tokens / max(now - self.window.start_time, 1e-9),
+            "wall": now - self.start_time,
+        }
+        if self.engine.scaler is not None:
+            record["overflows"] = totals.overflows
+            record["loss_scale"] = self.engine.scaler.get_scale()
+            if record["loss_scale"] < 1e-4:
+                raise NmtError(f"fp16 loss scale fell to {record['loss_scale']:g} by update {n}: training diverged")
+        eta = None
+        if self.cfg.max_update and n > self.start_updates:
+            eta = (now - self.start_time) / (n - self.start_updates) * (self.cfg.max_update - n)
+        self.reporter.train_line(record, eta)
+        self._write_record(record)
+        self.window = Window.start(self.engine.device)
+
+    def _write_record(self, record: dict[str, Any]) -> None:
+        self.log.write(record)
+        self.progress.log_records += 1
+
+    def _validate(self) -> bool:
+        """Validate, update best metric and patience; True when this is the best so far."""
+        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist)
+        metrics = evaluate(self.engine, self.valid_split, self.valid_batches)
+        value = metrics[self.cfg.best_checkpoint_metric]
+        best = self.progress.best_metric
+        is_best = best is None or value < best
+        if is_best:
+            self.progress.best_metric, self.progress.patience_counter = value, 0
+        else:
+            self.progress.patience_counter += 1
+        record = {"type": "valid", "subset": self.cfg.valid_subset, "epoch": self.progress.epoch,
+                  "update": self.progress.num_updates, **metrics, "best": self.progress.best_metric}
+        self.reporter.valid_line(record)
+        self._write_record(record)
+        return is_best
+
+    def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None) -> None:
+        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist)
+        if not self.dist.is_main:
+            return
+        epoch = completed_epoch if completed_epoch is not None else self.progress.epoch
+        names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best)
+        write_checkpoints(self._checkpoint_state(epoch), self.save_dir, names)
+        prune_checkpoints(self.save_dir, self.cfg)
+
+    def _checkpoint_state(self, epoch: int) -> dict[str, Any]:
+        engine, data = self.engine, self.data
+        state = {
+            "format_version": FORMAT_VERSION,
+            "model_config": self.model_cfg.to_dict(),
+            "model": engine.model.state_dict(),
+            "source_lang": data.source_lang,
+            "target_lang": data.target_lang,
+            "src_dict": list(data.src_dict.symbols),
+            "tgt_dict": list(data.tgt_dict.symbols),
+            "train_config": self.cfg.to_dict(),
+            "optimizer": engine.optimizer.state_dict(),
+            "scheduler": {"name": engine.schedule.name, "num_updates": self.progress.num_updates},
+            "scaler": engine.scaler.state_dict() if engine.scaler is not None else {},
+            "rng": capture_rng(),
+        }
+        state.update(progress_to_checkpoint(self.progress, epoch))
+        return state

@@ -1,0 +1,205 @@
+"""Reference outputs from the real fairseq, for tests/test_fairseq_import.py.
+
+Runs inside the fairseq virtual environment (scripts/setup_fairseq_env.sh), never
+imported by nmt. One call trains a tiny fairseq Transformer the way a fairseq user
+would (Moses tokenization, subword-nmt BPE, fairseq-preprocess, fairseq-train), then
+writes what fairseq computes with it as JSON:
+
+    python fairseq_reference.py SPEC.json OUT.json
+
+SPEC keys: workdir, src_lang, tgt_lang, train/valid/test (each {"src": [...], "tgt": [...]}
+raw lines), bpe_merges, arch, train_flags (extra fairseq-train flags), max_update,
+beam, lenpen, max_len_a, max_len_b, score_pairs (how many test pairs to teacher-force),
+dict_probe (lines of a dict.txt to load with fairseq's Dictionary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # fairseq 0.12 with torch >= 2.6
+
+import torch  # noqa: E402
+from sacremoses import MosesTokenizer  # noqa: E402
+from subword_nmt import apply_bpe, learn_bpe  # noqa: E402
+
+
+def tokenize_and_bpe(spec: dict, work: Path) -> Path:
+    """fairseq's `--tokenizer moses` settings (escape, -a), joint subword-nmt BPE; returns the codes."""
+    tokenizers = {lang: MosesTokenizer(lang) for lang in (spec["src_lang"], spec["tgt_lang"])}
+    tokenized = {}
+    for split in ("train", "valid"):
+        for side, lang in (("src", spec["src_lang"]), ("tgt", spec["tgt_lang"])):
+            tokenized[split, lang] = [
+                tokenizers[lang].tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
+                for line in spec[split][side]
+            ]
+    codes = work / "bpe.codes"
+    with open(codes, "w", encoding="utf-8") as out:
+        joint = tokenized["train", spec["src_lang"]] + tokenized["train", spec["tgt_lang"]]
+        learn_bpe.learn_bpe(joint, out, spec["bpe_merges"], min_frequency=2)
+    with open(codes, encoding="utf-8") as f:
+        bpe = apply_bpe.BPE(f)
+    for (split, lang), lines in tokenized.items():
+        text = "".join(bpe.process_line(line) + "\n" for line in lines)
+        (work / f"{split}.bpe.{lang}").write_text(text, encoding="utf-8")
+    return codes
+
+
+def preprocess_and_train(spec: dict, work: Path) -> Path:
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import preprocess, train
+
+    data_bin, save_dir = work / "data-bin", work / "checkpoints"
+    parser = options.get_preprocessing_parser()
+    langs = ["--source-lang", spec["src_lang"], "--target-lang", spec["tgt_lang"]]
+    joined = ["--joined-dictionary"] if "--share-all-embeddings" in spec["train_flags"] else []
+    preprocess.main(parser.parse_args(langs + joined + [
+        "--trainpref", str(work / "train.bpe"), "--validpref", str(work / "valid.bpe"),
+        "--destdir", str(data_bin), "--workers", "1",
+    ]))
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=[
+        str(data_bin), "--arch", spec["arch"], *spec["train_flags"],
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "40",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "1500", "--max-update", str(spec["max_update"]), "--seed", "1",
+        "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--disable-validation",
+        "--cpu", "--num-workers", "0", "--log-format", "none", "--log-interval", "1000",
+    ])
+    train.main(convert_namespace_to_omegaconf(args))
+    return save_dir / "checkpoint_last.pt"
+
+
+def load_hub(checkpoint: Path, data_bin: Path, codes: Path):
+    from fairseq.hub_utils import GeneratorHubInterface, from_pretrained
+
+    loaded = from_pretrained(
+        str(checkpoint.parent), checkpoint_file=checkpoint.name, data_name_or_path=str(data_bin),
+        tokenizer="moses", bpe="subword_nmt", bpe_codes=str(codes),
+    )
+    hub = GeneratorHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    hub.eval()
+    return hub
+
+
+def teacher_forced(hub, src_lines: list[str], tgt_lines: list[str]) -> dict:
+    """Per pair: source/target ids and fairseq's log-prob of each target token."""
+    from fairseq.data import data_utils
+
+    model, pad, eos = hub.models[0], hub.tgt_dict.pad(), hub.tgt_dict.eos()
+    src = [hub.encode(line) for line in src_lines]
+    tgt = [hub.tgt_dict.encode_line(hub.apply_bpe(hub.tokenize(line)), add_if_not_exist=False).long() for line in tgt_lines]
+    src_tokens = data_utils.collate_tokens(src, pad, eos, left_pad=True)  # fairseq's default for sources
+    prev = data_utils.collate_tokens(tgt, pad, eos, left_pad=False, move_eos_to_beginning=True)
+    with torch.no_grad():
+        net_output = model(src_tokens, torch.tensor([len(s) for s in src]), prev)
+        lprobs = model.get_normalized_probs(net_output, log_probs=True)  # (B, T, V)
+    target = data_utils.collate_tokens(tgt, pad, eos, left_pad=False)
+    picked = lprobs.gather(2, target.unsqueeze(2)).squeeze(2)
+    return {
+        "src_ids": [s.tolist() for s in src],
+        "tgt_ids": [t.tolist() for t in tgt],
+        "token_lprobs": [picked[i, : len(t)].tolist() for i, t in enumerate(tgt)],
+        "first_distribution": lprobs[0, 0].tolist(),
+    }
+
+
+def beam_search(hub, spec: dict, src_lines: list[str]) -> list[dict]:
+    """fairseq's SequenceGenerator through the hub: tokens, scores and detokenized text."""
+    src = [hub.encode(line) for line in src_lines]
+    hypos = hub.generate(src, beam=spec["beam"], lenpen=spec["lenpen"],
+                         max_len_a=spec["max_len_a"], max_len_b=spec["max_len_b"], nbest=spec["beam"])
+    out = []
+    for line, ids, nbest in zip(src_lines, src, hypos):
+        out.append({
+            "src_bpe": hub.apply_bpe(hub.tokenize(line)),
+            "src_ids": ids.tolist(),
+            "hypos": [
+                {"tokens": h["tokens"].tolist(), "score": float(h["score"]),
+                 "positional_scores": h["positional_scores"].tolist(), "text": hub.decode(h["tokens"])}
+                for h in nbest
+            ],
+        })
+    return out
+
+
+def legacy_variant(checkpoint: Path, out: Path) -> None:
+    """Re-save a checkpoint as an old fairseq would have written it.
+
+    `args` as an argparse.Namespace (no cfg), fused `in_proj_weight`, `layer_norms.N`,
+    `decoder.embed_out` when unshared, and torch's pre-1.6 serialization.
+    """
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    args = argparse.Namespace(**vars(state["cfg"]["model"]))
+    args.source_lang, args.target_lang = state["cfg"]["task"]["source_lang"], state["cfg"]["task"]["target_lang"]
+    args.task, args.data = "translation", state["cfg"]["task"]["data"]
+    weights = {}
+    for key, value in state["model"].items():
+        parts = key.split(".")  # e.g. encoder.layers.0.self_attn.q_proj.weight
+        if len(parts) == 6 and parts[4] in ("q_proj", "k_proj", "v_proj"):
+            if parts[4] == "q_proj":
+                prefix = ".".join(parts[:4])
+                fused = [state["model"][f"{prefix}.{p}.{parts[5]}"] for p in ("q_proj", "k_proj", "v_proj")]
+                weights[f"{prefix}.in_proj_{parts[5]}"] = torch.cat(fused, dim=0)
+            continue
+        norms = ["self_attn_layer_norm", "final_layer_norm"]
+        if parts[0] == "decoder":
+            norms = ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]
+        if len(parts) == 5 and parts[1] == "layers" and parts[3] in norms:
+            key = ".".join(parts[:3] + ["layer_norms", str(norms.index(parts[3])), parts[4]])
+        if key == "decoder.output_projection.weight" and not (
+            args.share_all_embeddings or args.share_decoder_input_output_embed
+        ):
+            key = "decoder.embed_out"
+        elif key == "decoder.output_projection.weight":
+            continue
+        weights[key] = value
+    torch.save({"args": args, "model": weights, "optimizer_history": state["optimizer_history"],
+                "extra_state": state["extra_state"], "last_optimizer_state": None},
+               out, _use_new_zipfile_serialization=False)
+
+
+def probe_dictionary(lines: list[str], work: Path) -> list[str]:
+    from fairseq.data import Dictionary
+
+    path = work / "dict.probe.txt"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return list(Dictionary.load(str(path)).symbols)
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    work = Path(spec["workdir"])
+    work.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(1)
+    torch.set_num_threads(1)
+    codes = tokenize_and_bpe(spec, work)
+    checkpoint = preprocess_and_train(spec, work)
+    legacy = work / "checkpoints" / "legacy.pt"
+    legacy_variant(checkpoint, legacy)
+    test = spec["test"]
+    n = spec["score_pairs"]
+    result = {"checkpoint": str(checkpoint), "legacy_checkpoint": str(legacy), "data_bin": str(work / "data-bin"),
+              "bpe_codes": str(codes)}
+    hub = load_hub(checkpoint, work / "data-bin", codes)
+    result["src_dict"], result["tgt_dict"] = list(hub.src_dict.symbols), list(hub.tgt_dict.symbols)
+    result["teacher_forced"] = teacher_forced(hub, test["src"][:n], test["tgt"][:n])
+    result["beam"] = beam_search(hub, spec, test["src"])
+    legacy_hub = load_hub(legacy, work / "data-bin", codes)
+    result["legacy_teacher_forced"] = teacher_forced(legacy_hub, test["src"][:n], test["tgt"][:n])
+    with open(codes, encoding="utf-8") as f:
+        bpe = apply_bpe.BPE(f)
+    result["bpe_probe"] = {line: bpe.process_line(line) for line in spec.get("bpe_probe", [])}
+    result["dict_probe"] = probe_dictionary(spec["dict_probe"], work) if spec.get("dict_probe") else None
+    Path(sys.argv[2]).write_text(json.dumps(result), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Batching: coverage, token budgets, determinism, sharding, and the padded collater."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from databin_utils import reversal_data_bin
+
+from nmt_cli.data.batching import (
+    epoch_batches,
+    filter_by_size,
+    make_batches,
+    rank_share,
+    updates_in_epoch,
+)
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID
+from nmt_cli.data.pairs import collate, load_data_bin
+from nmt_cli.errors import NmtError
+
+
+def random_sizes(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(1, 60, n), rng.integers(1, 60, n)
+
+
+def padded_size(batch: np.ndarray, src: np.ndarray, tgt: np.ndarray) -> int:
+    return len(batch) * int(max(src[batch].max(), tgt[batch].max()))
+
+
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_every_pair_once_and_budget_respected(multiple: int) -> None:
+    src, tgt = random_sizes(2000)
+    batches = make_batches(src, tgt, max_tokens=500, required_batch_size_multiple=multiple, seed=3)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(2000))
+    assert all(padded_size(b, src, tgt) <= 500 for b in batches)
+    if multiple > 1:
+        # All but the last batch of a run of equal lengths are multiples; most batches are.
+        assert np.mean([len(b) % multiple == 0 for b in batches]) > 0.8
+
+
+def test_batch_size_cap_and_sorted_lengths() -> None:
+    src, tgt = random_sizes(1000)
+    batches = make_batches(src, tgt, max_tokens=100_000, max_sentences=16, seed=1)
+    assert max(len(b) for b in batches) == 16
+    # Batches are cut from source-length-sorted order: lengths never decrease across them.
+    firsts = [int(src[b].min()) for b in batches]
+    lasts = [int(src[b].max()) for b in batches]
+    assert all(lasts[i] <= firsts[i + 1] for i in range(len(batches) - 1))
+
+
+def test_padding_is_small() -> None:
+    src, tgt = random_sizes(3000)
+    batches = make_batches(src, tgt, max_tokens=2000, seed=1)
+    real = sum(int(src[b].sum()) for b in batches)
+    padded = sum(len(b) * int(src[b].max()) for b in batches)
+    assert real / padded > 0.9
+
+
+def test_ties_broken_by_seed() -> None:
+    src = tgt = np.full(100, 5)
+    a = make_batches(src, tgt, max_tokens=50, seed=1)
+    b = make_batches(src, tgt, max_tokens=50, seed=1)
+    c = make_batches(src, tgt, max_tokens=50, seed=2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+def test_epoch_order_deterministic_and_shuffled() -> None:
+    src, tgt = random_sizes(500)
+    batches = make_batches(src, tgt, max_tokens=300, seed=1)
+    e1, e1_again, e2 = epoch_batches(batches, 1, 7), epoch_batches(batches, 1, 7), epoch_batches(batches, 2, 7)
+    assert all(np.array_equal(x, y) for x, y in zip(e1, e1_again))
+    assert [x.tolist() for x in e1] != [x.tolist() for x in e2]
+    assert sorted(np.concatenate(e2).tolist()) == list(range(500))
+
+
+def test_filter_by_size_counts_skipped() -> None:
+    src = np.array([3, 10, 4, 0, 7])
+    tgt = np.array([3, 4, 12, 2, 7])
+    kept, skipped = filter_by_size(src, tgt, max_source_positions=8, max_target_positions=8)
+    assert kept.tolist() == [0, 4] and skipped == 3
+    batches = make_batches(src, tgt, max_tokens=100, indices=kept)
+    assert sorted(np.concatenate(batches).tolist()) == [0, 4]
+
+
+def test_pair_longer_than_budget_is_an_error() -> None:
+    with pytest.raises(NmtError, match="--max-tokens"):
+        make_batches(np.array([3, 50]), np.array([3, 4]), max_tokens=20)
+
+
+@pytest.mark.parametrize("world_size,update_freq", [(1, 1), (2, 1), (2, 3), (3, 2)])
+def test_shards_disjoint_and_covering(world_size: int, update_freq: int) -> None:
+    src, tgt = random_sizes(700)
+    order = epoch_batches(make_batches(src, tgt, max_tokens=400, seed=1), 1, 1)
+    per_update = world_size * update_freq
+    seen: list[int] = []
+    for update in range(updates_in_epoch(len(order), update_freq, world_size)):
+        shares = [rank_share(order, update * per_update, update_freq, world_size, r) for r in range(world_size)]
+        assert all(len(s) <= update_freq for s in shares)
+        for share in shares:
+            seen.extend(np.concatenate(share).tolist() if share else [])
+    assert sorted(seen) == list(range(700))
+
+
+def test_collate_shifts_target_right(tmp_path) -> None:
+    data = load_data_bin(reversal_data_bin(tmp_path / "bin", train=20, valid=5)).split("train")
+    indices = np.array([0, 3, 7])
+    batch = collate(data, indices)
+    B, T = batch.target.shape
+    assert (B, batch.nsentences) == (3, 3)
+    assert batch.ntokens == int(data.tgt_sizes[indices].sum()) == int((batch.target != PAD_ID).sum())
+    for row, i in enumerate(indices):
+        src, tgt = data.src[int(i)], data.tgt[int(i)]
+        assert batch.src_tokens[row, : len(src)].tolist() == src.tolist()
+        assert (batch.src_tokens[row, len(src) :] == PAD_ID).all()
+        assert batch.target[row, : len(tgt)].tolist() == tgt.tolist() and tgt[-1] == EOS_ID
+        assert batch.prev_output_tokens[row, : len(tgt)].tolist() == [EOS_ID] + tgt[:-1].tolist()
+        assert (batch.prev_output_tokens[row, len(tgt) :] == PAD_ID).all()
+    assert batch.src_tokens.dtype == torch.int64
+
+
+def test_data_bin_errors(tmp_path) -> None:
+    path = reversal_data_bin(tmp_path / "bin", train=10, valid=5)
+    with pytest.raises(NmtError, match="'test' split"):
+        load_data_bin(path).split("test")
+    with pytest.raises(NmtError, match="no language 'fr'"):
+        load_data_bin(path, "src", "fr")
+    with pytest.raises(NmtError, match="no meta.json"):
+        load_data_bin(tmp_path)

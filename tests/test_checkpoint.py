@@ -1,0 +1,273 @@
+"""Checkpoints: round trip, atomic writes, and one clear error for every kind of bad file."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import nmt_cli.checkpoint as checkpoint_module
+from nmt_cli.checkpoint import (
+    FORMAT_VERSION,
+    load_checkpoint,
+    model_from_checkpoint,
+    model_state_for_checkpoint,
+    save_checkpoint,
+    unwrap_model,
+)
+from nmt_cli.cli import main
+from nmt_cli.errors import NmtError
+from nmt_cli.models.registry import build_model, count_parameters, resolve_config
+
+SRC_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"s{i}" for i in range(20)]
+TGT_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(28)]
+
+
+def make_state(model_overrides: dict | None = None, seed: int = 0, **extra) -> dict:
+    torch.manual_seed(seed)
+    cfg = resolve_config("transformer_tiny", model_overrides or {})
+    model = build_model(cfg, len(SRC_DICT), len(TGT_DICT))
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": cfg.to_dict(),
+        "model": model_state_for_checkpoint(model),
+        "source_lang": "en",
+        "target_lang": "de",
+        "src_dict": SRC_DICT,
+        "tgt_dict": TGT_DICT,
+        "num_updates": 123,
+        "epoch": 2,
+        **extra,
+    }
+
+
+def sample_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.tensor([[5, 6, 7, 2], [8, 2, 1, 1]])
+    prev = torch.tensor([[2, 9, 10], [2, 11, 1]])
+    return src, prev
+
+
+def assert_one_line(error: NmtError, *fragments: str) -> None:
+    message = str(error)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_save_load_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    cfg = resolve_config("transformer_tiny", {"normalize_before": True})
+    model = build_model(cfg, len(SRC_DICT), len(TGT_DICT)).eval()
+    state = {**make_state(), "model_config": cfg.to_dict(), "model": model_state_for_checkpoint(model)}
+    path = tmp_path / "run" / "checkpoint_last.pt"
+    save_checkpoint(state, path)
+    loaded = load_checkpoint(path)
+    assert loaded["num_updates"] == 123 and loaded["src_dict"] == SRC_DICT
+    restored = model_from_checkpoint(loaded).eval()
+    src, prev = sample_batch()
+    with torch.no_grad():
+        assert torch.equal(restored(src, prev), model(src, prev))
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint_last.pt"]  # no temporary files left
+
+
+def test_shared_embeddings_stay_tied_after_loading(tmp_path: Path) -> None:
+    path = tmp_path / "shared.pt"
+    torch.manual_seed(0)
+    cfg = resolve_config("transformer_tiny", {"share_all_embeddings": True})
+    model = build_model(cfg, len(TGT_DICT), len(TGT_DICT))
+    state = make_state() | {"src_dict": TGT_DICT, "model_config": cfg.to_dict(), "model": model_state_for_checkpoint(model)}
+    save_checkpoint(state, path)
+    restored = model_from_checkpoint(load_checkpoint(path))
+    weight = restored.encoder.embed_tokens.weight
+    assert weight is restored.decoder.output_projection.weight
+    assert torch.equal(weight, model.encoder.embed_tokens.weight)
+    assert count_parameters(restored) == count_parameters(model)
+
+
+def test_weights_of_another_architecture_are_refused(tmp_path: Path) -> None:
+    state = make_state()
+    state["model"] = make_state({"encoder_embed_dim": 16, "decoder_embed_dim": 16})["model"]
+    with pytest.raises(NmtError) as info:
+        model_from_checkpoint(state, source="ckpt.pt")
+    assert_one_line(info.value, "ckpt.pt", "not those of the architecture", "another shape")
+
+    state["model"] = make_state({"normalize_before": True})["model"]  # adds final LayerNorms
+    with pytest.raises(NmtError) as info:
+        model_from_checkpoint(state)
+    assert_one_line(info.value, "unexpected", "layer_norm")
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (b"this is not a checkpoint\n", "not a PyTorch checkpoint file"),
+        (b"", "truncated or corrupt"),
+        (bytes(range(256)), "not a PyTorch checkpoint file"),
+    ],
+)
+def test_non_checkpoint_files_are_refused(tmp_path: Path, content: bytes, fragment: str) -> None:
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(NmtError) as info:
+        load_checkpoint(path)
+    assert_one_line(info.value, fragment, str(path))
+
+
+def test_truncated_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(make_state(), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(NmtError) as info:
+        load_checkpoint(path)
+    assert_one_line(info.value, "truncated or corrupt", str(path))
+
+
+def test_missing_file_and_directory_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(NmtError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "nope.pt")
+    with pytest.raises(NmtError, match="checkpoint not found"):
+        load_checkpoint(tmp_path)
+
+
+class CreatesFileWhenUnpickled:
+    """A pickle payload that would create a file if unpickling ran its code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("container", ["torch-zip", "raw-pickle"])
+def test_malicious_pickle_is_refused_and_does_not_run(tmp_path: Path, container: str) -> None:
+    marker = tmp_path / "pwned"
+    payload = {"format_version": FORMAT_VERSION, "model": CreatesFileWhenUnpickled(marker)}
+    path = tmp_path / "evil.pt"
+    if container == "torch-zip":
+        torch.save(payload, path)
+    else:
+        path.write_bytes(pickle.dumps(payload, protocol=2))
+    # The payload does run under a plain unpickler (the test is meaningful) ...
+    if container == "raw-pickle":
+        pickle.loads(path.read_bytes())
+        assert marker.exists()
+        marker.unlink()
+    # ... but not when loading a checkpoint.
+    with pytest.raises(NmtError) as info:
+        load_checkpoint(path)
+    assert_one_line(info.value, "not a readable nmt checkpoint", str(path), "could run code")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "state, fragment",
+    [
+        ({"model": {}}, "no format_version"),
+        ([1, 2, 3], "no format_version"),
+        ({"format_version": 99, "model": {}}, "format_version 99"),
+        ({"format_version": FORMAT_VERSION, "model": {}}, "lacks 'model_config'"),
+    ],
+)
+def test_wrong_format_version_or_content_is_refused(tmp_path: Path, state: object, fragment: str) -> None:
+    path = tmp_path / "odd.pt"
+    torch.save(state, path)
+    with pytest.raises(NmtError) as info:
+        load_checkpoint(path)
+    assert_one_line(info.value, fragment, str(path))
+
+
+@pytest.mark.parametrize("failure", ["fsync", "write"])
+def test_failed_save_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    path = tmp_path / "checkpoint_last.pt"
+    save_checkpoint(make_state(), path)
+    before = path.read_bytes()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def partial_write_then_disk_full(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 partial")
+        disk_full()
+
+    if failure == "fsync":
+        monkeypatch.setattr(checkpoint_module.os, "fsync", disk_full)
+    else:
+        monkeypatch.setattr(checkpoint_module.torch, "save", partial_write_then_disk_full)
+    with pytest.raises(NmtError) as info:
+        save_checkpoint(make_state(seed=5, num_updates=999), path)
+    monkeypatch.undo()
+    assert_one_line(info.value, "cannot write checkpoint", str(path), "No space left on device")
+    assert path.read_bytes() == before
+    assert load_checkpoint(path)["num_updates"] == 123
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_last.pt"]
+
+
+@pytest.mark.slow  # DDP setup imports much of torch.distributed and its compiler
+def test_unwrap_model_strips_ddp_wrapper(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    torch.manual_seed(2)
+    model = build_model(resolve_config("transformer_tiny", {}), len(SRC_DICT), len(TGT_DICT))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        assert unwrap_model(ddp) is model
+        keys = set(model_state_for_checkpoint(ddp))
+    finally:
+        dist.destroy_process_group()
+    assert set(ddp.state_dict()) != keys  # the wrapper itself would add "module." prefixes
+    assert keys == set(model.state_dict())
+    assert not any(k.startswith("module.") for k in keys)
+
+
+@pytest.mark.slow  # importing torch's compiler takes several seconds
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_unwrap_model_strips_compile_wrapper() -> None:
+    torch.manual_seed(2)
+    model = build_model(resolve_config("transformer_tiny", {}), len(SRC_DICT), len(TGT_DICT))
+    compiled = torch.compile(model)  # wrapping only; nothing is compiled until called
+    assert unwrap_model(compiled) is model
+    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    keys = set(model_state_for_checkpoint(compiled))
+    assert keys == set(model.state_dict())
+
+
+def test_info_describes_a_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint_best.pt"
+    state = make_state()
+    save_checkpoint(state, path)
+    result = CliRunner().invoke(main, ["info", "--path", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    info = json.loads(result.output)
+    model = model_from_checkpoint(state)
+    assert info["parameters"]["total"] == count_parameters(model)
+    assert info["architecture"] == "transformer_tiny"
+    assert (info["num_updates"], info["source_lang"], info["src_vocab_size"]) == (123, "en", len(SRC_DICT))
+
+    text = CliRunner().invoke(main, ["info", "--path", str(path)])
+    assert text.exit_code == 0 and "num_updates" in text.output and f"{count_parameters(model):,}" in text.output
+
+
+def test_info_reports_a_bad_checkpoint_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n")
+    result = CliRunner().invoke(main, ["info", "--path", str(path)])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: not a readable nmt checkpoint") and str(path) in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+    mismatched = make_state()
+    mismatched["model"] = make_state({"decoder_layers": 1})["model"]
+    bad = tmp_path / "mismatched.pt"
+    save_checkpoint(mismatched, bad)
+    result = CliRunner().invoke(main, ["info", "--path", str(bad)])
+    assert result.exit_code == 1 and "not those of the architecture" in result.output
+    assert len(result.output.strip().splitlines()) == 1

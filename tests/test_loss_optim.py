@@ -1,0 +1,114 @@
+"""Label-smoothed loss against a naive per-token loop; lr schedules against their formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nmt_cli.errors import NmtError
+from nmt_cli.train import loss as loss_module
+from nmt_cli.train.loss import label_smoothed_nll_loss
+from nmt_cli.train.optim import LrSchedule, inverse_sqrt_lr, noam_lr
+
+PAD = 1
+
+
+def naive_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[float, float]:
+    """fairseq's formula written token by token in plain Python floats."""
+    V = logits.shape[-1]
+    eps_i = eps / (V - 1)
+    total, total_nll = 0.0, 0.0
+    for row, t in zip(logits.reshape(-1, V).tolist(), target.reshape(-1).tolist()):
+        if t == PAD:
+            continue
+        log_z = math.log(sum(math.exp(z) for z in row))
+        logp = [z - log_z for z in row]
+        nll, smooth = -logp[t], -sum(logp)
+        total += (1 - eps - eps_i) * nll + eps_i * smooth
+        total_nll += nll
+    return total, total_nll
+
+
+def target_with_pads(B: int, T: int, V: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    target = torch.randint(2, V, (B, T), generator=gen)
+    target[0, -2:] = PAD
+    target[-1, -1] = PAD
+    return target
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_loss_matches_naive_reference(eps: float) -> None:
+    B, T, V = 3, 5, 11
+    logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3
+    target = target_with_pads(B, T, V, seed=1)
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, PAD)
+    ref_loss, ref_nll = naive_loss(logits, target, eps)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-6)
+    assert nll.item() == pytest.approx(ref_nll, rel=1e-6)
+
+
+def test_gradient_matches_autograd_of_direct_formula(monkeypatch) -> None:
+    # Small chunks so the chunked loops run several times.
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 23)
+    B, T, V, eps = 4, 6, 9, 0.1
+    logits = torch.randn(B, T, V, dtype=torch.float64, requires_grad=True)
+    target = target_with_pads(B, T, V, seed=2)
+    loss, _ = label_smoothed_nll_loss(logits, target, eps, PAD)
+    (grad,) = torch.autograd.grad(loss * 0.7, logits)
+
+    reference = logits.detach().clone().requires_grad_(True)
+    logp = torch.log_softmax(reference, dim=-1)
+    mask = (target != PAD).double()
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -logp.sum(-1)
+    eps_i = eps / (V - 1)
+    ref_loss = (((1 - eps - eps_i) * nll + eps_i * smooth) * mask).sum()
+    (ref_grad,) = torch.autograd.grad(ref_loss * 0.7, reference)
+    assert torch.allclose(grad, ref_grad, atol=1e-12)
+    assert (grad[target == PAD] == 0).all()
+
+
+def test_bf16_logits_keep_float32_loss() -> None:
+    B, T, V = 2, 4, 64
+    logits = torch.randn(B, T, V) * 4
+    target = target_with_pads(B, T, V, seed=3)
+    loss32, _ = label_smoothed_nll_loss(logits, target, 0.1, PAD)
+    low = logits.bfloat16().requires_grad_(True)
+    loss16, _ = label_smoothed_nll_loss(low, target, 0.1, PAD)
+    loss16.backward()
+    assert loss16.dtype == torch.float32 and low.grad.dtype == torch.bfloat16
+    # Only the rounding of the logits to bf16 separates the two.
+    ref16, _ = naive_loss(low.detach().double(), target, 0.1)
+    assert loss16.item() == pytest.approx(ref16, rel=1e-5)
+    assert loss16.item() == pytest.approx(loss32.item(), rel=1e-2)
+
+
+def test_inverse_sqrt_schedule() -> None:
+    peak, warmup, init = 5e-4, 4000, 1e-7
+    assert inverse_sqrt_lr(1, peak, warmup, init) == pytest.approx(init + (peak - init) / 4000)
+    assert inverse_sqrt_lr(2000, peak, warmup, init) == pytest.approx((init + peak) / 2)
+    assert inverse_sqrt_lr(4000, peak, warmup, init) == pytest.approx(peak)
+    assert inverse_sqrt_lr(16000, peak, warmup, init) == pytest.approx(peak / 2)
+    assert inverse_sqrt_lr(100_000, peak, warmup, init) == pytest.approx(peak * math.sqrt(4000 / 100_000))
+
+
+def test_noam_schedule() -> None:
+    # Hand-computed from the paper's formula with d_model 512, warm-up 4000.
+    assert noam_lr(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert noam_lr(4000, 512, 4000) == pytest.approx(6.9877e-4, rel=1e-4)
+    assert noam_lr(16000, 512, 4000) == pytest.approx(512**-0.5 / 16000**0.5)
+    assert noam_lr(16000, 512, 4000, factor=2.0) == pytest.approx(2 * 512**-0.5 / 126.491106, rel=1e-6)
+    schedule = LrSchedule("noam", lr=1.0, warmup_updates=4000, d_model=512)
+    values = [schedule.lr_at(s) for s in (1, 1000, 3999, 4000, 4001, 10_000)]
+    assert values.index(max(values)) == 3
+
+
+def test_schedule_validation() -> None:
+    with pytest.raises(NmtError, match="--warmup-updates"):
+        LrSchedule("inverse_sqrt", lr=1e-3, warmup_updates=0)
+    with pytest.raises(NmtError, match="unknown --lr-scheduler"):
+        LrSchedule("cosine", lr=1e-3, warmup_updates=10)
+    assert LrSchedule("fixed", lr=3e-4, warmup_updates=0).lr_at(123) == 3e-4

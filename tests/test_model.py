@@ -1,0 +1,443 @@
+"""The Transformer against independent truth: torch's own modules, naive formulas, invariants.
+
+Small random models in float64, dropout off (`eval()`), on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from nmt_cli.cli import main
+from nmt_cli.commands.model_options import model_options, overrides_from
+from nmt_cli.errors import NmtError
+from nmt_cli.models import transformer as transformer_module
+from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
+from nmt_cli.models.layers import sinusoidal_table
+from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
+
+PAD, EOS = 1, 2
+SRC_V, TGT_V = 23, 29
+
+
+def tiny_model(seed: int = 0, src_v: int = SRC_V, tgt_v: int = TGT_V, **overrides) -> nn.Module:
+    torch.manual_seed(seed)
+    cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
+    return build_model(cfg, src_v, tgt_v).double().eval()
+
+
+def padded_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = None) -> torch.Tensor:
+    """Right-padded (B, max(lengths)) random tokens; the first column is `bos` when given."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.full((len(lengths), max(lengths)), PAD)
+    for row, length in enumerate(lengths):
+        tokens[row, :length] = torch.randint(4, vocab, (length,), generator=gen)
+        if bos is not None:
+            tokens[row, 0] = bos
+    return tokens
+
+
+SRC = padded_batch(1, [7, 4, 5, 1], SRC_V)
+PREV = padded_batch(2, [6, 6, 3, 5], TGT_V, bos=EOS)
+VARIANTS = [
+    pytest.param({}, id="post-norm"),
+    pytest.param({"normalize_before": True}, id="pre-norm"),
+    pytest.param({"share_decoder_input_output_embed": True}, id="share-dec-io"),
+    pytest.param({"share_all_embeddings": True, "normalize_before": True}, id="share-all-pre-norm"),
+    pytest.param({"learned_pos": True, "scale_embedding": False}, id="learned-pos"),
+]
+
+
+def vocab_sizes(overrides: dict) -> tuple[int, int]:
+    return (TGT_V, TGT_V) if overrides.get("share_all_embeddings") else (SRC_V, TGT_V)
+
+
+def non_pad_close(a: torch.Tensor, b: torch.Tensor, tokens: torch.Tensor, atol: float) -> None:
+    mask = tokens.ne(PAD)
+    torch.testing.assert_close(a[mask], b[mask], atol=atol, rtol=0)
+
+
+# ---- incremental decoding == teacher forcing ----
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_decode_step_matches_teacher_forcing(overrides: dict) -> None:
+    model = tiny_model(3, *vocab_sizes(overrides), **overrides)
+    expected = torch.log_softmax(model(SRC, PREV), dim=-1)  # (B, T, V)
+    encoder_out, cache = model.encode(SRC), {}
+    steps = [model.decode_step(PREV[:, : t + 1], encoder_out, cache) for t in range(PREV.size(1))]
+    got = torch.stack(steps, dim=1)
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    non_pad_close(got.double(), expected, PREV, atol=1e-5)
+
+
+def test_decode_step_with_forced_prefix_and_multi_token_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tiny first capacity makes the cache grow (by doubling) several times.
+    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
+    model = tiny_model(4)
+    prev = padded_batch(5, [9, 9, 9, 9], TGT_V, bos=EOS)
+    expected = torch.log_softmax(model(SRC, prev), dim=-1)
+    encoder_out, cache = model.encode(SRC), {}
+    got = {}
+    for end in (3, 4, 7, 9):  # a 3-token prefix, then 1, 3 and 2 tokens at once
+        got[end - 1] = model.decode_step(prev[:, :end], encoder_out, cache)
+    for t, log_probs in got.items():
+        torch.testing.assert_close(log_probs.double(), expected[:, t], atol=1e-5, rtol=0)
+
+
+def test_reorder_cache_matches_decoding_reordered_batch() -> None:
+    model = tiny_model(6, normalize_before=True)
+    src, prev = SRC, padded_batch(7, [6, 6, 6, 6], TGT_V, bos=EOS)
+    encoder_out, cache = model.encode(src), {}
+    for t in range(3):
+        model.decode_step(prev[:, : t + 1], encoder_out, cache)
+    index = torch.tensor([2, 0, 0, 3, 1])  # reorder, duplicate (as beams do) and grow
+    encoder_out = model.reorder_encoder_out(encoder_out, index)
+    model.reorder_cache(cache, index)
+    prev = prev[index]
+    got = [model.decode_step(prev[:, : t + 1], encoder_out, cache) for t in range(3, 6)]
+
+    fresh_out, fresh_cache = model.encode(src[index]), {}
+    want = [model.decode_step(prev[:, : t + 1], fresh_out, fresh_cache) for t in range(6)][3:]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    torch.testing.assert_close(encoder_out.out, fresh_out.out)
+    assert torch.equal(encoder_out.padding_mask, fresh_out.padding_mask)
+
+
+def test_reorder_cache_can_drop_rows() -> None:
+    model = tiny_model(8)
+    encoder_out, cache = model.encode(SRC), {}
+    model.decode_step(PREV[:, :1], encoder_out, cache)
+    keep = torch.tensor([3, 1])
+    model.reorder_cache(cache, keep)
+    got = model.decode_step(PREV[keep, :2], model.reorder_encoder_out(encoder_out, keep), cache)
+    want = torch.log_softmax(model(SRC[keep], PREV[keep, :2]), dim=-1)[:, 1]
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+
+
+# ---- invariances ----
+
+
+def test_encoder_and_decoder_ignore_padding() -> None:
+    model = tiny_model(9)
+    alone_src, alone_prev = SRC[1:2, :4], PREV[1:2]  # sentence 1 has 4 source tokens
+    batch_enc = model.encode(SRC)
+    alone_enc = model.encode(alone_src)
+    torch.testing.assert_close(batch_enc.out[1:2, :4], alone_enc.out, atol=1e-10, rtol=0)
+    extra_pads = torch.cat([SRC, torch.full((4, 5), PAD)], dim=1)
+    torch.testing.assert_close(model(extra_pads, PREV), model(SRC, PREV), atol=1e-10, rtol=0)
+    torch.testing.assert_close(model(SRC, PREV)[1:2], model(alone_src, alone_prev), atol=1e-10, rtol=0)
+
+
+def test_decoder_is_causal() -> None:
+    model = tiny_model(10)
+    prev = padded_batch(11, [8, 8], TGT_V, bos=EOS)
+    src = SRC[:2]
+    base = model(src, prev)
+    for t in range(1, 7):
+        changed = prev.clone()
+        changed[:, t + 1] = (changed[:, t + 1] - 3) % (TGT_V - 4) + 4
+        out = model(src, changed)
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-12, rtol=0)
+        assert not torch.allclose(out[:, t + 1], base[:, t + 1])
+
+
+def test_train_mode_uses_dropout_and_all_parameters_get_gradients() -> None:
+    torch.manual_seed(0)
+    model = build_model(ARCHITECTURES["transformer_tiny"], SRC_V, TGT_V)
+    model.train()
+    logits = model(SRC, PREV)
+    assert not torch.equal(logits, model(SRC, PREV))  # dropout is active
+    logits.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    model.eval()
+    assert torch.equal(model(SRC, PREV), model(SRC, PREV))
+
+
+def test_features_and_output_projection_give_the_logits() -> None:
+    model = tiny_model(12)
+    hidden = model(SRC, PREV, features_only=True)
+    assert hidden.shape == (4, PREV.size(1), 32)
+    torch.testing.assert_close(model.output_projection(hidden), model(SRC, PREV))
+    assert model.pad_idx == PAD
+
+
+# ---- against torch's own modules ----
+
+
+def test_self_and_cross_attention_match_torch_multihead_attention() -> None:
+    torch.manual_seed(13)
+    D, H = 16, 4
+    x = torch.randn(3, 5, D, dtype=torch.float64)
+    memory = torch.randn(3, 6, D, dtype=torch.float64)
+    key_pad = torch.zeros(3, 6, dtype=torch.bool)
+    key_pad[1, 4:] = True
+    key_pad[2, 1:] = True
+    mha = nn.MultiheadAttention(D, H, batch_first=True).double().eval()
+
+    ours = SelfAttention(D, H, 0.0).double().eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(ours.in_proj.weight)
+        mha.in_proj_bias.copy_(ours.in_proj.bias)
+        mha.out_proj.weight.copy_(ours.out_proj.weight)
+        mha.out_proj.bias.copy_(ours.out_proj.bias)
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)  # True = masked, torch's convention
+    want, _ = mha(x, x, x, attn_mask=causal, need_weights=False)
+    torch.testing.assert_close(ours(x, None, True), want)
+    want, _ = mha(memory, memory, memory, key_padding_mask=key_pad, need_weights=False)
+    torch.testing.assert_close(ours(memory, ~key_pad[:, None, None, :], False), want)
+
+    cross = CrossAttention(D, H, 0.0).double().eval()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([cross.q_proj.weight, cross.kv_proj.weight]))
+        mha.in_proj_bias.copy_(torch.cat([cross.q_proj.bias, cross.kv_proj.bias]))
+        mha.out_proj.weight.copy_(cross.out_proj.weight)
+        mha.out_proj.bias.copy_(cross.out_proj.bias)
+    want, _ = mha(x, memory, memory, key_padding_mask=key_pad, need_weights=False)
+    got = cross(x, cross.project_kv(memory), ~key_pad[:, None, None, :])
+    torch.testing.assert_close(got, want)
+
+
+def copy_into_torch_layer(ours: nn.Module, theirs: nn.Module, decoder: bool) -> None:
+    pairs = [
+        (theirs.self_attn.in_proj_weight, ours.self_attn.in_proj.weight),
+        (theirs.self_attn.in_proj_bias, ours.self_attn.in_proj.bias),
+        (theirs.self_attn.out_proj.weight, ours.self_attn.out_proj.weight),
+        (theirs.self_attn.out_proj.bias, ours.self_attn.out_proj.bias),
+        (theirs.linear1.weight, ours.fc1.weight), (theirs.linear1.bias, ours.fc1.bias),
+        (theirs.linear2.weight, ours.fc2.weight), (theirs.linear2.bias, ours.fc2.bias),
+        (theirs.norm1.weight, ours.self_attn_layer_norm.weight), (theirs.norm1.bias, ours.self_attn_layer_norm.bias),
+    ]
+    if decoder:
+        cross = ours.encoder_attn
+        pairs += [
+            (theirs.multihead_attn.in_proj_weight, torch.cat([cross.q_proj.weight, cross.kv_proj.weight])),
+            (theirs.multihead_attn.in_proj_bias, torch.cat([cross.q_proj.bias, cross.kv_proj.bias])),
+            (theirs.multihead_attn.out_proj.weight, cross.out_proj.weight),
+            (theirs.multihead_attn.out_proj.bias, cross.out_proj.bias),
+            (theirs.norm2.weight, ours.encoder_attn_layer_norm.weight),
+            (theirs.norm2.bias, ours.encoder_attn_layer_norm.bias),
+            (theirs.norm3.weight, ours.final_layer_norm.weight), (theirs.norm3.bias, ours.final_layer_norm.bias),
+        ]
+    else:
+        pairs += [(theirs.norm2.weight, ours.final_layer_norm.weight), (theirs.norm2.bias, ours.final_layer_norm.bias)]
+    with torch.no_grad():
+        for target, source in pairs:
+            target.copy_(source)
+        for norm in [m for m in ours.modules() if isinstance(m, nn.LayerNorm)]:
+            norm.weight.uniform_(0.5, 1.5)  # non-trivial LayerNorm parameters, copied again below
+            norm.bias.uniform_(-0.5, 0.5)
+        norms = [ours.self_attn_layer_norm] + ([ours.encoder_attn_layer_norm] if decoder else []) + [ours.final_layer_norm]
+        for i, norm in enumerate(norms, start=1):
+            getattr(theirs, f"norm{i}").weight.copy_(norm.weight)
+            getattr(theirs, f"norm{i}").bias.copy_(norm.bias)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layers_match_torch_transformer_layers(norm_first: bool) -> None:
+    torch.manual_seed(14)
+    D, F, H = 16, 24, 4
+    x = torch.randn(3, 6, D, dtype=torch.float64)
+    y = torch.randn(3, 5, D, dtype=torch.float64)
+    pad = torch.zeros(3, 6, dtype=torch.bool)
+    pad[0, 3:] = True
+    allowed = ~pad[:, None, None, :]
+
+    ours_enc = EncoderLayer(D, F, H, 0.0, 0.0, 0.0, norm_first).double().eval()
+    theirs_enc = nn.TransformerEncoderLayer(D, H, F, dropout=0.0, batch_first=True, norm_first=norm_first)
+    theirs_enc = theirs_enc.double().eval()
+    copy_into_torch_layer(ours_enc, theirs_enc, decoder=False)
+    with torch.no_grad():
+        want = theirs_enc(x, src_key_padding_mask=pad)
+        non_pad_close(ours_enc(x, allowed), want, torch.where(pad, PAD, 5), atol=1e-10)
+
+    ours_dec = DecoderLayer(D, F, H, 0.0, 0.0, 0.0, norm_first).double().eval()
+    theirs_dec = nn.TransformerDecoderLayer(D, H, F, dropout=0.0, batch_first=True, norm_first=norm_first)
+    theirs_dec = theirs_dec.double().eval()
+    copy_into_torch_layer(ours_dec, theirs_dec, decoder=True)
+    causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        want = theirs_dec(y, x, tgt_mask=causal, memory_key_padding_mask=pad)
+        got = ours_dec(y, ours_dec.encoder_attn.project_kv(x), allowed)
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+
+
+# ---- positions and embeddings ----
+
+
+def naive_fairseq_sinusoids(num_positions: int, dim: int, padding_idx: int) -> list[list[float]]:
+    half = dim // 2
+    rows = []
+    for pos in range(num_positions):
+        freqs = [math.exp(-math.log(10000) * i / (half - 1)) for i in range(half)]
+        row = [math.sin(pos * f) for f in freqs] + [math.cos(pos * f) for f in freqs] + [0.0] * (dim % 2)
+        rows.append([0.0] * dim if pos == padding_idx else row)
+    return rows
+
+
+@pytest.mark.parametrize("dim", [8, 9, 32])
+def test_sinusoids_match_naive_fairseq_formula(dim: int) -> None:
+    want = torch.tensor(naive_fairseq_sinusoids(300, dim, PAD), dtype=torch.float32)
+    # float32 angles up to ~300 rad carry ~1e-5 absolute error, as in fairseq.
+    torch.testing.assert_close(sinusoidal_table(300, dim, PAD), want, atol=1e-4, rtol=0)
+
+
+def test_positions_count_non_pad_tokens_from_two() -> None:
+    tokens = torch.tensor([[5, 6, 7, 2], [5, 2, PAD, PAD]])
+    assert make_positions(tokens, PAD).tolist() == [[2, 3, 4, 5], [2, 3, PAD, PAD]]
+
+
+def test_encoder_input_is_scaled_embedding_plus_sinusoid() -> None:
+    model = tiny_model(15)
+    with torch.no_grad():
+        model.encoder.embed_tokens.weight[PAD] = 1.0  # even so, pads enter the layers as zeros (fairseq)
+    captured = {}
+    hook = model.encoder.layers[0].register_forward_pre_hook(lambda m, args: captured.update(x=args[0]))
+    model.encode(SRC)
+    hook.remove()
+    table = torch.tensor(naive_fairseq_sinusoids(20, 32, PAD), dtype=torch.float64)
+    emb = model.encoder.embed_tokens.weight
+    for b in range(SRC.size(0)):
+        for s in range(SRC.size(1)):
+            token = int(SRC[b, s])
+            want = torch.zeros(32, dtype=torch.float64) if token == PAD else math.sqrt(32) * emb[token] + table[s + 2]
+            torch.testing.assert_close(captured["x"][b, s], want, atol=1e-5, rtol=0)
+
+
+def test_embedding_init_and_sharing() -> None:
+    model = build_model(resolve_config("transformer_small", {"share_all_embeddings": True}), 4000, 4000)
+    weight = model.encoder.embed_tokens.weight
+    assert weight is model.decoder.embed_tokens.weight is model.decoder.output_projection.weight
+    assert torch.count_nonzero(weight[PAD]) == 0
+    assert abs(weight.std().item() - 256**-0.5) < 0.01 * 256**-0.5 * 10
+    unshared = build_model(ARCHITECTURES["transformer_tiny"], 30, 40)
+    assert unshared.encoder.embed_tokens.weight is not unshared.decoder.embed_tokens.weight
+    assert unshared.decoder.output_projection.weight is not unshared.decoder.embed_tokens.weight
+    tied = build_model(resolve_config("transformer_tiny", {"share_decoder_input_output_embed": True}), 30, 40)
+    assert tied.decoder.output_projection.weight is tied.decoder.embed_tokens.weight
+
+
+def test_share_all_embeddings_needs_equal_vocabularies() -> None:
+    with pytest.raises(NmtError, match="joined dictionary"):
+        build_model(resolve_config("transformer_tiny", {"share_all_embeddings": True}), 30, 40)
+
+
+def test_learned_positions_refuse_too_long_input() -> None:
+    model = tiny_model(16, learned_pos=True, max_source_positions=4)
+    model.encode(SRC[:, :4])
+    with pytest.raises(NmtError, match="exceeds"):
+        model.encode(SRC)
+
+
+def test_sinusoids_extend_beyond_max_positions() -> None:
+    model = tiny_model(17, max_source_positions=4, max_target_positions=4)
+    long_src = padded_batch(18, [12, 9], SRC_V)
+    long_prev = padded_batch(19, [11, 11], TGT_V, bos=EOS)
+    expected = torch.log_softmax(model(long_src, long_prev), dim=-1)
+    encoder_out, cache = model.encode(long_src), {}
+    for t in range(11):
+        got = model.decode_step(long_prev[:, : t + 1], encoder_out, cache)
+        torch.testing.assert_close(got.double(), expected[:, t], atol=1e-5, rtol=0)
+
+
+# ---- registry and parameter counts ----
+
+
+def paper_parameter_count(d: int, d_ff: int, layers: int, vocab: int) -> int:
+    """Closed form for the paper's architecture with one shared embedding matrix."""
+    attention = 4 * (d * d + d)  # q, k, v, output projections with biases
+    ffn = d * d_ff + d_ff + d_ff * d + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    decoder_layer = 2 * attention + ffn + 3 * norm
+    return vocab * d + layers * (encoder_layer + decoder_layer)
+
+
+@pytest.mark.parametrize(
+    "arch, d, d_ff, vocab, paper_millions",
+    [
+        ("transformer_base", 512, 2048, 32000, 65), ("transformer_base", 512, 2048, 37000, 65),
+        ("transformer_big", 1024, 4096, 32000, 213), ("transformer_big", 1024, 4096, 37000, 213),
+    ],
+)
+def test_parameter_counts_match_closed_form(arch: str, d: int, d_ff: int, vocab: int, paper_millions: int) -> None:
+    cfg = resolve_config(arch, {"share_all_embeddings": True})
+    with torch.device("meta"):
+        model = build_model(cfg, vocab, vocab)
+    count = count_parameters(model)
+    assert count == paper_parameter_count(d, d_ff, 6, vocab)
+    assert abs(count / 1e6 - paper_millions) / paper_millions < 0.08
+
+
+def test_presets_and_resolve_config() -> None:
+    assert set(ARCHITECTURES) >= {"transformer_base", "transformer_big", "transformer_iwslt_de_en",
+                                  "transformer_small", "transformer_tiny"}
+    big = ARCHITECTURES["transformer_big"]
+    assert (big.encoder_embed_dim, big.encoder_ffn_embed_dim, big.encoder_attention_heads, big.dropout) == (
+        1024, 4096, 16, 0.3)
+    cfg = resolve_config("transformer_base", {"encoder_layers": 3, "dropout": 0.2})
+    assert cfg == dataclasses.replace(ARCHITECTURES["transformer_base"], encoder_layers=3, dropout=0.2)
+    with pytest.raises(NmtError, match="transformer_base.*transformer_tiny"):
+        resolve_config("transformer_huge", {})
+    with pytest.raises(NmtError, match="not divisible"):
+        resolve_config("transformer_tiny", {"encoder_attention_heads": 3})
+    with pytest.raises(NmtError, match="unknown model config fields: depth"):
+        resolve_config("transformer_tiny", {"depth": 3})
+
+
+def test_model_options_give_only_the_flags_used() -> None:
+    import click
+
+    seen = {}
+
+    @click.command()
+    @model_options
+    def command(**params) -> None:
+        seen.update(overrides_from(params))
+
+    result = CliRunner().invoke(command, ["--encoder-layers", "3", "--dropout", "0.25", "--share-all-embeddings",
+                                          "--no-scale-embedding"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"encoder_layers": 3, "dropout": 0.25, "share_all_embeddings": True, "scale_embedding": False}
+
+
+# ---- nmt info ----
+
+
+def test_info_prints_architecture_and_parameter_count() -> None:
+    result = CliRunner().invoke(main, ["info", "--arch", "transformer_base", "--vocab-size", "37000",
+                                       "--share-all-embeddings", "--json"])
+    assert result.exit_code == 0, result.output
+    import json
+
+    info = json.loads(result.output)
+    assert info["parameters"]["total"] == paper_parameter_count(512, 2048, 6, 37000)
+    assert info["config"]["share_all_embeddings"] is True
+    assert info["config"]["encoder_layers"] == 6
+
+    text = CliRunner().invoke(main, ["info", "--arch", "transformer_tiny", "--src-vocab-size", "30",
+                                     "--tgt-vocab-size", "40", "--decoder-layers", "1"])
+    assert text.exit_code == 0, text.output
+    assert "decoder_layers" in text.output and "with decoder_layers=1" in text.output
+    model = build_model(resolve_config("transformer_tiny", {"decoder_layers": 1}), 30, 40)
+    assert f"{count_parameters(model):,}" in text.output
+
+
+def test_info_rejects_bad_flag_combinations() -> None:
+    runner = CliRunner()
+    result = runner.invoke(main, ["info", "--arch", "transformer_tiny", "--vocab-size", "30",
+                                  "--src-vocab-size", "30"])
+    assert result.exit_code == 2 and "not both" in result.output
+    result = runner.invoke(main, ["info"])
+    assert result.exit_code == 2 and "exactly one of --arch and --path" in result.output
+    result = runner.invoke(main, ["info", "--arch", "transformer_tiny", "--src-vocab-size", "30",
+                                  "--tgt-vocab-size", "40", "--share-all-embeddings"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [result.output.strip()]
+    assert result.output.startswith("error: ") and "joined dictionary" in result.output

@@ -1,0 +1,239 @@
+"""The preprocessing pipeline as a library: outputs, cleaning, round trips, determinism, destdir safety."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nmt_cli.config import PreprocessConfig
+from nmt_cli.data.dictionary import EOS_ID, UNK_ID, Dictionary
+from nmt_cli.data.indexed import IndexedDataset, IndexedDatasetBuilder
+from nmt_cli.errors import NmtError
+from nmt_cli.preprocess import preprocess
+from nmt_cli.text import parallel
+from nmt_cli.text.bpe import BpeModel
+from nmt_cli.text.pipeline import TextPipeline
+from nmt_cli.text.progress import StageReporter
+from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+def make_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """A synthetic parallel corpus: the target spells each source word backwards."""
+    vocab_rng, rng = random.Random(12345), random.Random(seed)
+    words = ["".join(vocab_rng.choice("abcdefghiklmnoprstuvwz") for _ in range(vocab_rng.randint(1, 8))) for _ in range(120)]
+    pairs = []
+    for _ in range(n):
+        sentence = [rng.choice(words) for _ in range(rng.randint(2, 12))]
+        end = rng.choice([".", "?", "!", ""])
+        src = " ".join(sentence).capitalize() + end
+        tgt = " ".join(w[::-1] for w in sentence).capitalize() + end
+        pairs.append((src, tgt))
+    return pairs
+
+
+def write_split(prefix: Path, pairs: list[tuple[str, str]], src: str = "en", tgt: str = "de") -> None:
+    Path(f"{prefix}.{src}").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    Path(f"{prefix}.{tgt}").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+
+
+def run(cfg: PreprocessConfig):
+    return preprocess(cfg, StageReporter(enabled=False))
+
+
+def config(tmp_path: Path, **overrides) -> PreprocessConfig:
+    base = dict(
+        source_lang="en", target_lang="de", trainpref=tmp_path / "train", validpref=(tmp_path / "valid",),
+        testpref=(tmp_path / "test",), destdir=tmp_path / "data-bin", joined_dictionary=True, bpe_size=200,
+    )
+    base.update(overrides)
+    return PreprocessConfig(**base)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    write_split(tmp_path / "train", make_pairs(400, seed=1))
+    write_split(tmp_path / "valid", make_pairs(30, seed=2))
+    write_split(tmp_path / "test", make_pairs(30, seed=3))
+    return tmp_path
+
+
+def read_split(data_bin: Path, split: str, lang: str, dictionary: Dictionary) -> list[list[str]]:
+    dataset = IndexedDataset(data_bin / f"{split}.en-de.{lang}")
+    return [dictionary.decode(dataset[i]) for i in range(len(dataset))]
+
+
+def test_outputs_and_round_trip_on_generated_text(corpus: Path) -> None:
+    result = run(config(corpus))
+    data_bin = corpus / "data-bin"
+    meta = json.loads((data_bin / "meta.json").read_text())
+    assert meta == result.meta and meta["format_version"] == 1 and meta["bpe"] == {"type": "sentencepiece", "model": "bpe.model"}
+    assert (data_bin / "dict.en.txt").read_bytes() == (data_bin / "dict.de.txt").read_bytes()
+    assert not any(p.name.startswith(".") for p in corpus.iterdir()), "staging directory left behind"
+    dictionary = Dictionary.load(data_bin / "dict.en.txt")
+    assert len(dictionary) % 8 == 0
+    for lang, side in (("en", 0), ("de", 1)):
+        pipeline = TextPipeline.from_data_bin(data_bin, lang)
+        for split, seed in (("train", 1), ("test", 3)):
+            raw = [pair[side] for pair in make_pairs(400 if split == "train" else 30, seed=seed)]
+            dataset = IndexedDataset(data_bin / f"{split}.en-de.{lang}")
+            assert len(dataset) == len(raw) == meta["counts"][split]["sentences"]
+            assert meta["counts"][split]["tokens"][lang] == int(dataset.sizes.sum())
+            for i, line in enumerate(raw):
+                ids = dataset[i]
+                assert ids[-1] == EOS_ID and UNK_ID not in ids.tolist()
+                assert pipeline.decode(dictionary.decode(ids)) == line
+                assert dictionary.encode(pipeline.encode(line)) == ids.tolist()
+
+
+def test_dictionary_counts_are_the_training_piece_counts(corpus: Path) -> None:
+    run(config(corpus, joined_dictionary=False))
+    data_bin = corpus / "data-bin"
+    for lang in ("en", "de"):
+        dictionary = Dictionary.load(data_bin / f"dict.{lang}.txt")
+        pieces = read_split(data_bin, "train", lang, dictionary)
+        truth = Counter(piece for sentence in pieces for piece in sentence)
+        listed = {s: c for s, c in zip(dictionary.symbols[4:], dictionary.counts[4:]) if not s.startswith("madeupword")}
+        assert listed == dict(truth)
+    assert (data_bin / "dict.en.txt").read_bytes() != (data_bin / "dict.de.txt").read_bytes()
+
+
+def test_cleaning_drops_only_training_pairs_and_counts_reasons(tmp_path: Path) -> None:
+    pairs = make_pairs(50)
+    bad = [("", "Nicht leer ."), ("   ", "\t"), ("One two three four five six seven eight nine ten eleven twelve .", "Kurz ."),
+           (" ".join(["w"] * 40), " ".join(["v"] * 40))]
+    write_split(tmp_path / "train", pairs[:10] + bad + pairs[10:])
+    write_split(tmp_path / "valid", pairs[:5] + bad[:2])
+    write_split(tmp_path / "test", bad)
+    meta = run(config(tmp_path, max_len=30, max_ratio=5.0, bpe_size=100)).meta
+    assert meta["cleaning"]["pairs_read"] == 54 and meta["cleaning"]["pairs_kept"] == 50
+    assert meta["cleaning"]["dropped"] == {"empty": 2, "too_short": 0, "too_long": 1, "ratio": 1}
+    assert meta["counts"]["valid"]["sentences"] == 7 and meta["counts"]["test"]["sentences"] == 4
+    dictionary = Dictionary.load(tmp_path / "data-bin" / "dict.de.txt")
+    valid_de = read_split(tmp_path / "data-bin", "valid", "de", dictionary)
+    assert valid_de[6] == []  # the whitespace-only line stays, as an empty sentence
+    train_en = read_split(tmp_path / "data-bin", "train", "en", dictionary)
+    assert len(train_en) == 50
+
+
+def test_output_is_identical_for_any_number_of_workers(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parallel, "LINES_PER_CHUNK", 70)  # several chunks per split even with one worker
+    run(config(corpus, destdir=corpus / "one", workers=1))
+    run(config(corpus, destdir=corpus / "two", workers=2))
+    names = sorted(p.name for p in (corpus / "one").iterdir())
+    assert names == sorted(p.name for p in (corpus / "two").iterdir())
+    for name in names:
+        one, two = (corpus / "one" / name).read_bytes(), (corpus / "two" / name).read_bytes()
+        if name == "meta.json":
+            one, two = (json.loads(x) for x in (one, two))
+            del one["created"], two["created"]
+        assert one == two, name
+
+
+def test_destdir_is_replaced_only_with_force(corpus: Path) -> None:
+    cfg = config(corpus)
+    first = run(cfg)
+    assert not first.up_to_date
+    assert run(cfg).up_to_date
+    changed = dataclasses.replace(cfg, bpe_size=150)
+    with pytest.raises(NmtError, match="already holds a different dataset"):
+        run(changed)
+    assert json.loads((corpus / "data-bin" / "meta.json").read_text())["fingerprint"] == first.meta["fingerprint"]
+    replaced = run(dataclasses.replace(changed, force=True))
+    assert replaced.meta["fingerprint"] != first.meta["fingerprint"]
+    assert BpeModel(corpus / "data-bin" / "bpe.model").size() == 150
+    assert sorted(p.name for p in corpus.iterdir() if p.name.startswith(".")) == []
+
+
+def test_failed_run_leaves_no_destdir(corpus: Path) -> None:
+    Path(f"{corpus / 'test'}.de").write_bytes(b"ok\n" * 29 + b"\xc3\x28\n")
+    with pytest.raises(NmtError, match=r"test\.de:30"):
+        run(config(corpus))
+    assert not (corpus / "data-bin").exists()
+    assert [p.name for p in corpus.iterdir() if p.name.startswith(".")] == []
+
+
+def test_reuse_dictionary_and_bpe_model(corpus: Path) -> None:
+    run(config(corpus))
+    first = corpus / "data-bin"
+    cfg = config(corpus, destdir=corpus / "again", srcdict=first / "dict.en.txt", bpe_model=first / "bpe.model")
+    run(cfg)
+    again = corpus / "again"
+    for name in ("dict.en.txt", "dict.de.txt", "bpe.model", "test.en-de.de.bin", "test.en-de.en.idx"):
+        assert (first / name).read_bytes() == (again / name).read_bytes(), name
+    with pytest.raises(NmtError, match="--bpe-model"):
+        config(corpus, srcdict=first / "dict.en.txt")
+
+
+def test_separate_bpe_and_plain_tokens(corpus: Path) -> None:
+    meta = run(config(corpus, joined_dictionary=False, separate_bpe=True)).meta
+    assert meta["bpe"] == {"type": "sentencepiece", "model_src": "bpe.en.model", "model_tgt": "bpe.de.model"}
+    de = TextPipeline.from_data_bin(corpus / "data-bin", "de")
+    assert de.bpe is not None and de.bpe.path.name == "bpe.de.model"
+
+    plain = config(corpus, destdir=corpus / "plain", tokenizer="none", normalize_punctuation=False, bpe="none",
+                   nwordssrc=20, thresholdsrc=0)
+    meta = run(plain).meta
+    assert meta["bpe"] is None and meta["tokenizer"]["name"] == "none"
+    dictionary = Dictionary.load(corpus / "plain" / "dict.en.txt")
+    assert len(dictionary) == 24  # 16 symbols + 4 specials, padded to a multiple of 8
+    words = Counter(w for s, t in make_pairs(400, seed=1) for w in (s + " " + t).split())
+    assert dictionary.symbols[4:20] == [w for w, _ in sorted(words.items(), key=lambda wc: (-wc[1], wc[0]))][:16]
+
+
+def test_offsets_survive_builder_merge(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    sentences = [rng.integers(0, 70000, size=rng.integers(0, 9)).tolist() for _ in range(50)]
+    for part, chunk in enumerate((sentences[:20], sentences[20:])):
+        builder = IndexedDatasetBuilder(tmp_path / f"p{part}", 70001)
+        for ids in chunk:
+            builder.add(ids)
+        builder.finalize()
+    merged = IndexedDatasetBuilder(tmp_path / "all", 70001)
+    merged.merge(tmp_path / "p0")
+    merged.merge(tmp_path / "p1")
+    merged.finalize()
+    dataset = IndexedDataset(tmp_path / "all")
+    assert [dataset[i].tolist() for i in range(len(dataset))] == sentences
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared multi30k data not present")
+def test_round_trip_on_multi30k(tmp_path: Path) -> None:
+    lines = {lang: (MULTI30K / f"train.{lang}").read_text(encoding="utf-8").splitlines()[:1500] for lang in ("en", "de")}
+    write_split(tmp_path / "train", list(zip(lines["en"], lines["de"])))
+    # The same lines as a (never cleaned) test set: every line maps to sentence i, no <unk>.
+    write_split(tmp_path / "test", list(zip(lines["en"], lines["de"])))
+    run(config(tmp_path, validpref=(), bpe_size=1000))
+    data_bin = tmp_path / "data-bin"
+    dictionary = Dictionary.load(data_bin / "dict.en.txt")
+    for lang in ("en", "de"):
+        tokenizer = Tokenizer(TokenizerSettings("moses", lang))
+        pipeline = TextPipeline.from_data_bin(data_bin, lang)
+        pieces = read_split(data_bin, "test", lang, dictionary)
+        exact = 0
+        for line, sentence in zip(lines[lang], pieces, strict=True):
+            assert "<unk>" not in sentence
+            tokenized = pipeline.bpe.decode(sentence)
+            assert tokenized == tokenizer.tokenize(line)  # BPE undoes exactly
+            exact += pipeline.decode(sentence) == " ".join(tokenizer.normalize(line).split())
+        # Moses detokenization is not a perfect inverse (e.g. quotes); it nearly always is here.
+        assert exact / len(pieces) > 0.97, exact
+
+
+def test_leftovers_of_dead_runs_are_removed(corpus: Path) -> None:
+    dead = corpus / ".data-bin.partial-4194305"  # above Linux's largest pid: no such process
+    alive = corpus / f".data-bin.partial-{os.getppid()}"  # a running process: maybe another preprocess
+    for leftover in (dead, alive):
+        leftover.mkdir()
+        (leftover / "train.en-de.en.bin").write_bytes(b"partial")
+    run(config(corpus))
+    assert not dead.exists() and alive.exists()

@@ -1,0 +1,195 @@
+"""`nmt preprocess`, `learn-bpe`, `apply-bpe` and `binarize` through the command line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nmt_cli.cli import main
+from nmt_cli.data.dictionary import Dictionary
+from nmt_cli.data.indexed import IndexedDataset
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+def sentences(n: int, seed: int) -> list[str]:
+    vocab_rng, rng = random.Random(7), random.Random(seed)
+    words = ["".join(vocab_rng.choice("aeioubdfgklmnprst") for _ in range(vocab_rng.randint(2, 7))) for _ in range(60)]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(2, 10))).capitalize() + "." for _ in range(n)]
+
+
+def write(path: Path, lines: list[str], newline: str = "\n", bom: bool = False) -> Path:
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + "".join(l + newline for l in lines).encode("utf-8"))
+    return path
+
+
+@pytest.fixture
+def raw(tmp_path: Path) -> Path:
+    for split, n, seed in (("train", 300, 1), ("valid", 20, 2), ("test", 20, 3)):
+        write(tmp_path / f"{split}.en", sentences(n, seed))
+        write(tmp_path / f"{split}.de", [s[::-1].capitalize() for s in sentences(n, seed)])
+    return tmp_path
+
+
+def nmt(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def preprocess_args(root: Path, destdir: str = "data-bin", *extra: str) -> list[str]:
+    return ["preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "valid",
+            "--testpref", root / "test", "--destdir", root / destdir, "--joined-dictionary", "--bpe-size", "150", *extra]
+
+
+def assert_one_error(result, *fragments: str) -> None:
+    assert result.exit_code == 1, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_every_command_and_option_has_help() -> None:
+    import click
+
+    for name in ("preprocess", "learn-bpe", "apply-bpe", "binarize"):
+        result = nmt(name, "--help")
+        assert result.exit_code == 0 and "Usage:" in result.output
+        command = main.get_command(click.Context(main), name)
+        assert command.help and command.help.strip()
+        for param in command.params:
+            assert isinstance(param, click.Option) and param.help, (name, param.name)
+
+
+def test_end_to_end_with_two_test_sets(raw: Path) -> None:
+    write(raw / "extra.en", sentences(5, 9))
+    write(raw / "extra.de", sentences(5, 9))
+    args = preprocess_args(raw)
+    args[args.index("--testpref") + 1] = f"{raw / 'test'},{raw / 'extra'}"
+    result = nmt(*args)
+    assert result.exit_code == 0, result.output
+    assert "train: 300 sentences" in result.stdout and "time:" in result.stdout
+    data_bin = raw / "data-bin"
+    meta = json.loads((data_bin / "meta.json").read_text())
+    assert set(meta["counts"]) == {"train", "valid", "test", "test1"}
+    assert len(IndexedDataset(data_bin / "test1.en-de.de")) == 5
+    again = nmt(*args)
+    assert again.exit_code == 0 and "already up to date" in again.stdout
+
+
+def test_crlf_and_bom_give_the_same_data_as_plain_lf(raw: Path, tmp_path: Path) -> None:
+    dos = tmp_path / "dos"
+    dos.mkdir()
+    for name in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            lines = (raw / f"{name}.{lang}").read_text(encoding="utf-8").splitlines()
+            write(dos / f"{name}.{lang}", lines, newline="\r\n", bom=True)
+    assert nmt(*preprocess_args(raw)).exit_code == 0
+    assert nmt(*preprocess_args(dos)).exit_code == 0
+    for name in ("dict.en.txt", "bpe.model", "train.en-de.en.bin", "train.en-de.de.idx", "test.en-de.de.bin"):
+        assert (raw / "data-bin" / name).read_bytes() == (dos / "data-bin" / name).read_bytes(), name
+
+
+def test_mismatched_line_counts(raw: Path) -> None:
+    write(raw / "valid.de", sentences(19, 2))
+    assert_one_error(nmt(*preprocess_args(raw)), "line counts differ", "valid.en has 20 lines", "valid.de has 19")
+
+
+def test_missing_and_empty_files(raw: Path) -> None:
+    (raw / "test.de").unlink()
+    assert_one_error(nmt(*preprocess_args(raw)), "file not found", "test.de")
+    (raw / "test.de").write_bytes(b"")
+    (raw / "test.en").write_bytes(b"")
+    assert_one_error(nmt(*preprocess_args(raw)), "empty file", "test.en")
+
+
+def test_invalid_utf8_and_nul_bytes_name_the_line(raw: Path) -> None:
+    lines = sentences(300, 1)
+    data = "".join(l + "\n" for l in lines).encode("utf-8")
+    (raw / "train.en").write_bytes(data.replace(lines[122].encode(), b"bad \xe9 latin-1", 1))
+    assert_one_error(nmt(*preprocess_args(raw)), "invalid UTF-8", "train.en:123")
+    (raw / "train.en").write_bytes(data.replace(lines[7].encode(), b"nul \x00 here", 1))
+    assert_one_error(nmt(*preprocess_args(raw, "data-bin", "--workers", "2")), "NUL byte", "train.en:8")
+    assert not (raw / "data-bin").exists()
+
+
+def test_destdir_with_a_different_dataset(raw: Path) -> None:
+    other = raw / "data-bin"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    assert_one_error(nmt(*preprocess_args(raw)), "already holds a different dataset", "--force")
+    assert (other / "notes.txt").read_text() == "keep me"
+    assert nmt(*preprocess_args(raw, "data-bin", "--force")).exit_code == 0
+    assert not (other / "notes.txt").exists() and (other / "meta.json").is_file()
+
+
+def test_whitespace_only_lines(raw: Path) -> None:
+    train_en = sentences(300, 1)
+    train_en[10] = "  \t "
+    write(raw / "train.en", train_en)
+    valid_de = [s[::-1].capitalize() for s in sentences(20, 2)]
+    valid_de[3] = "   "
+    write(raw / "valid.de", valid_de)
+    result = nmt(*preprocess_args(raw))
+    assert result.exit_code == 0, result.output
+    assert "kept 299 of 300 pairs; dropped: 1 empty" in result.stdout
+    valid = IndexedDataset(raw / "data-bin" / "valid.en-de.de")
+    assert len(valid) == 20 and valid[3].tolist() == [2]
+
+
+def test_bad_option_values_are_one_error_line(raw: Path) -> None:
+    assert_one_error(nmt(*preprocess_args(raw, "data-bin", "--workers", "0")), "--workers")
+    assert_one_error(nmt(*preprocess_args(raw, "data-bin", "--bpe-size", "100000")), "too large")
+
+
+def test_learn_apply_bpe_and_binarize_commands(tmp_path: Path) -> None:
+    text = write(tmp_path / "tok.txt", sentences(200, 4))
+    result = nmt("learn-bpe", "--input", text, "--vocab-size", 120, "--model-prefix", tmp_path / "m")
+    assert result.exit_code == 0 and "(120 pieces)" in result.stdout, result.output
+    lines = sentences(10, 5) + ["", "Zzyzx unseen ."]
+    runner = CliRunner()
+    encoded = runner.invoke(main, ["apply-bpe", "--model", str(tmp_path / "m.model")], input="\n".join(lines) + "\n")
+    assert encoded.exit_code == 0
+    assert len(encoded.stdout.splitlines()) == len(lines) and encoded.stdout.splitlines()[10] == ""
+    decoded = runner.invoke(main, ["apply-bpe", "--model", str(tmp_path / "m.model"), "--decode"], input=encoded.stdout)
+    assert decoded.stdout.splitlines() == lines
+
+    segmented = write(tmp_path / "seg.txt", encoded.stdout.splitlines())
+    dictionary = Dictionary(["\u2581" + w for w in "Zzyzx unseen".split()])
+    dictionary.save(tmp_path / "dict.txt")
+    result = nmt("binarize", "--dict", tmp_path / "dict.txt", "--input", segmented, "--output-prefix", tmp_path / "out" / "t")
+    assert result.exit_code == 0, result.output
+    dataset = IndexedDataset(tmp_path / "out" / "t")
+    pieces = [l.split() for l in encoded.stdout.splitlines()]
+    truth = [dictionary.encode(p) for p in pieces]
+    assert [dataset[i].tolist() for i in range(len(dataset))] == truth
+    tokens = sum(len(t) for t in truth)
+    unk = sum(t.count(3) for t in truth)
+    assert f"{len(lines)} sentences, {tokens} tokens, {100 * unk / tokens:.2f}% <unk>" in result.stdout
+
+    assert_one_error(nmt("apply-bpe", "--model", tmp_path / "nope.model"), "BPE model not found")
+    assert_one_error(nmt("binarize", "--dict", tmp_path / "dict.txt", "--input", tmp_path / "nope", "--output-prefix", tmp_path / "x"),
+                     "file not found")
+    bad = runner.invoke(main, ["apply-bpe", "--model", str(tmp_path / "m.model")], input=b"ok\n\xff\n")
+    assert_one_error(bad, "<stdin>:2")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared multi30k data not present")
+def test_multi30k_subset_end_to_end(tmp_path: Path) -> None:
+    for split, n in (("train", 2000), ("valid", 300), ("test", 300)):
+        for lang in ("en", "de"):
+            lines = (MULTI30K / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            write(tmp_path / f"{split}.{lang}", lines)
+    result = nmt(*preprocess_args(tmp_path, "data-bin", "--workers", "2")[:-2], "--bpe-size", "1000")
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "data-bin" / "meta.json").read_text())
+    assert meta["counts"]["test"]["sentences"] == 300
+    assert meta["cleaning"]["pairs_kept"] + sum(meta["cleaning"]["dropped"].values()) == 2000
+    for lang in ("en", "de"):
+        unk_rate = meta["counts"]["test"]["unk"][lang] / meta["counts"]["test"]["tokens"][lang]
+        assert unk_rate < 0.01, (lang, unk_rate)

@@ -1,0 +1,248 @@
+"""Unit tests of the text stages: reading, tokenization, cleaning, BPE, TextPipeline."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from nmt_cli.errors import NmtError
+from nmt_cli.text import reader
+from nmt_cli.text.bpe import BpeModel, learn_bpe
+from nmt_cli.text.clean import EMPTY, RATIO, TOO_LONG, TOO_SHORT, CleanSettings, drop_reason
+from nmt_cli.text.pipeline import TextPipeline
+from nmt_cli.text.reader import Chunk, count_lines, line_chunks, line_start_offsets, read_lines, read_stream
+from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
+
+
+def random_sentences(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnoprstuvwyz") for _ in range(rng.randint(1, 9))) for _ in range(80)]
+    lines = []
+    for _ in range(n):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(2, 14)))
+        lines.append(sentence[0].upper() + sentence[1:] + rng.choice([".", "?", "!", ""]))
+    return lines
+
+
+# --- reader -------------------------------------------------------------------------------
+
+
+def test_reader_strips_crlf_and_bom_and_keeps_unicode_separators(tmp_path: Path) -> None:
+    path = tmp_path / "a.txt"
+    # U+2028, U+0085 and \x0c are line breaks for str.splitlines() but not here.
+    path.write_bytes(b"\xef\xbb\xbfone\r\ntwo \xe2\x80\xa8 still two\r\nthree\xc2\x85x\x0cy\n\nlast")
+    assert list(read_lines(path)) == ["one", "two \u2028 still two", "three\x85x\x0cy", "", "last"]
+    assert count_lines(path) == 5
+
+
+def test_reader_errors_name_file_and_line(tmp_path: Path) -> None:
+    bad_utf8 = tmp_path / "bad.txt"
+    bad_utf8.write_bytes(b"fine\nalso fine\nbroken \xff here\n")
+    with pytest.raises(NmtError, match=rf"invalid UTF-8 at {bad_utf8}:3 \(byte 8"):
+        list(read_lines(bad_utf8))
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"a\nb\x00c\n")
+    with pytest.raises(NmtError, match=rf"NUL byte .* at {nul}:2"):
+        list(read_lines(nul))
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    with pytest.raises(NmtError, match="empty file"):
+        count_lines(empty)
+    with pytest.raises(NmtError, match="file not found"):
+        count_lines(tmp_path / "missing.txt")
+
+
+def test_read_stream_matches_read_lines(tmp_path: Path) -> None:
+    data = b"\xef\xbb\xbfx y\r\n\nz"
+    path = tmp_path / "s.txt"
+    path.write_bytes(data)
+    with open(path, "rb") as stream:
+        assert list(read_stream(stream, "<stdin>")) == list(read_lines(path)) == ["x y", "", "z"]
+
+
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_line_chunks_cover_the_file_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, final_newline: bool) -> None:
+    monkeypatch.setattr(reader, "_BLOCK", 7)  # force line starts to straddle read blocks
+    lines = [f"line {i} " + "x" * (i % 5) for i in range(23)]
+    path = tmp_path / "c.txt"
+    path.write_text("\n".join(lines) + ("\n" if final_newline else ""), encoding="utf-8")
+    assert count_lines(path) == 23
+    # Naive truth: offsets from the lengths of the lines.
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    starts[-1] = path.stat().st_size
+    assert line_start_offsets(path, list(range(24))) == starts
+    for k in (1, 2, 3, 5, 23, 40):
+        chunks = line_chunks(path, 23, k)
+        assert sum(c.num_lines for c in chunks) == 23
+        read_back = [line for chunk in chunks for line in read_lines(path, chunk)]
+        assert read_back == lines
+        assert [c.first_line for c in chunks] == [1 + sum(c.num_lines for c in chunks[:i]) for i in range(len(chunks))]
+
+
+def test_errors_in_a_chunk_report_the_real_line_number(tmp_path: Path) -> None:
+    path = tmp_path / "d.txt"
+    path.write_bytes(b"a\nb\nc\nd\xfe\ne\n")
+    chunks = line_chunks(path, 5, 2)
+    assert chunks[1] == Chunk(start=4, end=path.stat().st_size, first_line=3, num_lines=3)
+    with pytest.raises(NmtError, match=r"d.txt:4"):
+        list(read_lines(path, chunks[1]))
+
+
+# --- tokenizer ----------------------------------------------------------------------------
+
+
+def test_control_characters_become_spaces_when_normalizing() -> None:
+    import unicodedata
+
+    controls = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cc"]
+    tokenizer = Tokenizer(TokenizerSettings("moses", "en"))
+    for control in controls:
+        assert tokenizer.tokenize(f"ab{control}cd") == "ab cd", repr(control)
+
+
+def test_moses_tokenizer_known_output() -> None:
+    tokenizer = Tokenizer(TokenizerSettings("moses", "en"))
+    # Hand-checked against Moses tokenizer.perl -no-escape.
+    assert tokenizer.tokenize('He said: "It\'s 3.5 & fine, isn\'t it?"') == 'He said : " It \'s 3.5 & fine , isn \'t it ? "'
+    assert tokenizer.tokenize("  A-B   test\tx ") == "A-B test x"
+    assert tokenizer.tokenize(" \t ") == ""
+    aggressive = Tokenizer(TokenizerSettings("moses", "en", aggressive_dash_splits=True))
+    assert aggressive.tokenize("A-B") == "A @-@ B"
+
+
+@pytest.mark.parametrize("lang", ["en", "de", "fr"])
+def test_normalization_equals_sacremoses(lang: str) -> None:
+    from sacremoses import MosesPunctNormalizer
+
+    reference = MosesPunctNormalizer(lang=lang)
+    tokenizer = Tokenizer(TokenizerSettings("moses", lang))
+    samples = ["„Ja“, sagte er – 1.000,5 € « oui » ...", "  It’s  ``quoted''  (1 ,5 %) ", "a\u00a0:\u00a0b ; «x»"]
+    for line in samples + random_sentences(30):
+        assert tokenizer.normalize(line) == reference.normalize(line)
+
+
+def test_punctuation_normalization_can_be_switched_off() -> None:
+    on = Tokenizer(TokenizerSettings("moses", "de", normalize_punctuation=True))
+    off = Tokenizer(TokenizerSettings("moses", "de", normalize_punctuation=False))
+    assert on.tokenize("„Ja“") == '" Ja "'
+    assert off.tokenize("„Ja“") == "„ Ja “"
+
+
+def test_none_tokenizer_only_canonicalizes_whitespace() -> None:
+    tokenizer = Tokenizer(TokenizerSettings("none", "en", normalize_punctuation=False))
+    assert tokenizer.tokenize("  a,b \t c. ") == "a,b c."
+    assert tokenizer.detokenize(["a,b", "c."]) == "a,b c."
+
+
+def test_moses_detokenize_inverts_tokenize_on_plain_text() -> None:
+    tokenizer = Tokenizer(TokenizerSettings("moses", "en"))
+    for line in random_sentences(200) + ["Hello, world!", "It's (really) \"quoted\" here."]:
+        assert tokenizer.detokenize(tokenizer.tokenize(line).split()) == line
+
+
+def test_tokenizer_settings_validate_and_round_trip_through_meta() -> None:
+    with pytest.raises(NmtError, match="unknown tokenizer"):
+        TokenizerSettings("spacy", "en")
+    settings = TokenizerSettings("moses", "fr", normalize_punctuation=False, aggressive_dash_splits=True)
+    assert TokenizerSettings.from_meta(settings.to_meta(), "fr") == settings
+
+
+# --- cleaning -----------------------------------------------------------------------------
+
+
+def test_drop_reason_follows_clean_corpus_n() -> None:
+    settings = CleanSettings(min_len=1, max_len=10, max_ratio=3.0)
+    assert drop_reason(0, 5, settings) == EMPTY
+    assert drop_reason(4, 0, settings) == EMPTY
+    assert drop_reason(11, 10, settings) == TOO_LONG
+    assert drop_reason(10, 10, settings) is None
+    assert drop_reason(3, 9, settings) is None  # ratio exactly 3 is kept, as in Moses (>)
+    assert drop_reason(3, 10, settings) == RATIO
+    assert drop_reason(10, 3, settings) == RATIO
+    assert drop_reason(1, 2, CleanSettings(min_len=2)) == TOO_SHORT
+    with pytest.raises(NmtError):
+        CleanSettings(max_ratio=0.5)
+
+
+# --- BPE ----------------------------------------------------------------------------------
+
+
+def test_bpe_round_trips_tokenized_lines_and_is_deterministic(tmp_path: Path) -> None:
+    tokenizer = Tokenizer(TokenizerSettings("moses", "en"))
+    lines = [tokenizer.tokenize(line) for line in random_sentences(400)]
+    learn_bpe(iter(lines), tmp_path / "a.model", vocab_size=150, sample_size=300, seed=3)
+    learn_bpe(iter(lines), tmp_path / "b.model", vocab_size=150, sample_size=300, seed=3)
+    assert (tmp_path / "a.model").read_bytes() == (tmp_path / "b.model").read_bytes()
+    bpe = BpeModel(tmp_path / "a.model")
+    assert bpe.size() == 150
+    unseen = "Zebra qüx , unseen wörds ."
+    for line in lines + [unseen, ""]:
+        pieces = bpe.encode(line)
+        assert bpe.decode(pieces) == line
+        assert all(" " not in piece for piece in pieces)
+    assert bpe.encode("ab ab")[0].startswith("\u2581")
+
+
+def test_bpe_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(NmtError, match="too large for this training text"):
+        learn_bpe(iter(["a b c"] * 5), tmp_path / "m.model", vocab_size=5000, sample_size=0, seed=1)
+    with pytest.raises(NmtError, match="BPE model not found"):
+        BpeModel(tmp_path / "nope.model")
+    junk = tmp_path / "junk.model"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(NmtError, match="not a sentencepiece model"):
+        BpeModel(junk)
+
+
+# --- TextPipeline -------------------------------------------------------------------------
+
+
+def test_text_pipeline_from_data_bin(tmp_path: Path) -> None:
+    tokenizer = Tokenizer(TokenizerSettings("moses", "en"))
+    learn_bpe((tokenizer.tokenize(s) for s in random_sentences(300)), tmp_path / "bpe.model", 120, 0, 1)
+    meta = {
+        "source_lang": "en",
+        "target_lang": "de",
+        "tokenizer": {"name": "moses", "normalize_punctuation": True, "aggressive_dash_splits": False},
+        "bpe": {"type": "sentencepiece", "model": "bpe.model"},
+    }
+    (tmp_path / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    pipeline = TextPipeline.from_data_bin(tmp_path, "en")
+    for line in random_sentences(50, seed=9):
+        pieces = pipeline.encode(line)
+        assert "".join(pieces).replace("\u2581", " ").strip() == tokenizer.tokenize(line)
+        assert pipeline.decode(pieces) == line
+    with pytest.raises(NmtError, match="language 'fr' is not in"):
+        TextPipeline.from_data_bin(tmp_path, "fr")
+    with pytest.raises(NmtError, match="no meta.json"):
+        TextPipeline.from_data_bin(tmp_path / "missing", "en")
+
+
+def test_text_pipeline_without_tokenizer_or_bpe(tmp_path: Path) -> None:
+    meta = {"source_lang": "en", "target_lang": "de", "tokenizer": {"name": "none", "normalize_punctuation": False}, "bpe": None}
+    (tmp_path / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    pipeline = TextPipeline.from_data_bin(tmp_path, "de")
+    assert pipeline.encode(" das@@ ist  gut ") == ["das@@", "ist", "gut"]
+    assert pipeline.decode(["das@@", "ist", "gut"]) == "das@@ ist gut"
+
+
+def test_text_pipeline_with_subword_nmt_codes_and_escaping(tmp_path: Path) -> None:
+    (tmp_path / "bpe.codes").write_text("#version: 0.2\nl o\nlo w</w>\n", encoding="utf-8")
+    meta = {
+        "source_lang": "en",
+        "target_lang": "de",
+        "tokenizer": {"name": "moses", "normalize_punctuation": False, "aggressive_dash_splits": True, "escape": True},
+        "bpe": {"type": "subword_nmt", "codes": "bpe.codes", "separator": "@@"},
+    }
+    (tmp_path / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    pipeline = TextPipeline.from_data_bin(tmp_path, "en")
+    # "low": l o w</w> -> lo w</w> -> low</w>; "lower": only (l, o) applies.
+    assert pipeline.encode("low lower") == ["low", "lo@@", "w@@", "e@@", "r"]
+    # Moses splits "&" off and escapes it to "&amp;"; no codes merge its characters.
+    assert pipeline.encode("a&b") == ["a", "&@@", "a@@", "m@@", "p@@", ";", "b"]
+    assert pipeline.decode(pipeline.encode('low lower, "a" & b.')) == 'low lower, "a" & b.'

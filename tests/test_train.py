@@ -1,0 +1,323 @@
+"""`nmt train` end to end on a tiny generated reversal task (CPU, a few seconds each).
+
+Behaviour is checked against independent truth: accumulation equals one big batch,
+two DDP processes equal one process with accumulation, a run killed with SIGKILL and
+resumed equals an uninterrupted run, and the model learns the task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from databin_utils import reversal_data_bin, reversal_pairs, write_data_bin
+
+from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.cli import main
+from nmt_cli.commands.train import parse_betas
+from nmt_cli.config import TrainConfig
+from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.errors import NmtError
+from nmt_cli.models.registry import resolve_config
+from nmt_cli.train import trainer as trainer_module
+from nmt_cli.train.distributed import DistInfo
+from nmt_cli.train.progress import parse_duration
+from nmt_cli.train.saving import files_to_prune
+from nmt_cli.train.step import build_engine, train_update
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
+        "--lr", "3e-3", "--warmup-updates", "20", "--log-interval", "5"]
+# One thread: exact reproducibility between processes, and no oversubscription on small CI machines.
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory) -> Path:
+    return reversal_data_bin(tmp_path_factory.mktemp("data") / "bin", train=240, valid=30)
+
+
+def run_cli(args: list[str]):
+    return CliRunner().invoke(main, ["train", *[str(a) for a in args]], catch_exceptions=False)
+
+
+def records(run: Path, kind: str) -> list[dict]:
+    lines = (run / "train_log.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def comparable(record: dict) -> dict:
+    """A log record without the fields that depend on wall-clock time."""
+    return {k: v for k, v in record.items() if k not in ("wall", "tokens_per_s")}
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(run / "checkpoint_last.pt")["model"]
+
+
+# --- learning ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_tiny_model_learns_reversal(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-tokens", "512", "--dropout", "0",
+                      "--max-update", "160", "--validate-interval", "5", "--save-interval", "0"])
+    assert result.exit_code == 0, result.output
+    valid = records(run, "valid")
+    assert valid[0]["nll"] > 3.0  # about log2(24) bits before learning
+    assert valid[-1]["nll"] < 1.8, valid
+    assert valid[-1]["ppl"] == pytest.approx(2 ** valid[-1]["nll"])
+    best = load_checkpoint(run / "checkpoint_best.pt")
+    assert best["best_metric"] == pytest.approx(min(r["loss"] for r in valid))
+    for name in ("meta.json", "dict.src.txt", "dict.tgt.txt", "config.json"):
+        assert (run / name).is_file()
+    assert json.loads((run / "config.json").read_text())["arch"] == "transformer_tiny"
+    assert "stopped (max_update) after 160 updates" in result.stdout
+
+
+# --- accumulation and DDP ----------------------------------------------------------------
+
+
+def make_engine(data_bin: Path, update_freq: int):
+    # adam_eps 1e-6: with 1e-9, Adam turns rounding noise in gradients that are zero in
+    # exact arithmetic (attention key biases) into full-size steps, which no tolerance absorbs.
+    cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", update_freq=update_freq,
+                      lr=1e-2, lr_scheduler="fixed", label_smoothing=0.1, adam_eps=1e-6)
+    model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})
+    data = load_data_bin(data_bin)
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    return build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist), data.split("train")
+
+
+def test_accumulation_equals_one_big_batch(data_bin: Path) -> None:
+    batch_a, batch_b = np.arange(0, 7), np.arange(7, 20)  # different lengths and paddings
+    accumulated, split = make_engine(data_bin, update_freq=2)
+    big, _ = make_engine(data_bin, update_freq=1)
+    ntokens = int(split.tgt_sizes[:20].sum())
+    grads = {}
+    for name, engine in (("accumulated", accumulated), ("big", big)):
+        step = engine.optimizer.step
+        engine.optimizer.step = lambda step=step, name=name, engine=engine: (
+            grads.setdefault(name, [p.grad.clone() for p in engine.model.parameters()]), step())
+    for step in range(3):
+        stats_acc = train_update(accumulated, split, [batch_a, batch_b], batch_a, ntokens, step)
+        stats_big = train_update(big, split, [np.concatenate([batch_a, batch_b])], batch_a, ntokens, step)
+        assert stats_acc.loss.item() == pytest.approx(stats_big.loss.item(), rel=1e-5)
+        assert stats_acc.grad_norm.item() == pytest.approx(stats_big.grad_norm.item(), rel=1e-4)
+    # The gradients of the first update agree; Adam then amplifies rounding noise a little.
+    for (name, _), g, h in zip(accumulated.model.named_parameters(), grads["accumulated"], grads["big"]):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-8, msg=name)
+    for (name, p), q in zip(accumulated.model.named_parameters(), big.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=3e-5, msg=name)
+    # A share shorter than update_freq (end of an epoch) counts only its real batches.
+    short, _ = make_engine(data_bin, update_freq=2)
+    only_a, _ = make_engine(data_bin, update_freq=1)
+    na = int(split.tgt_sizes[batch_a].sum())
+    train_update(short, split, [batch_a], batch_b, na, 0)
+    train_update(only_a, split, [batch_a], batch_b, na, 0)
+    for p, q in zip(short.model.parameters(), only_a.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_equal_one_with_update_freq_2(tmp_path: Path, data_bin: Path) -> None:
+    common = [*TINY, "--dropout", "0", "--max-update", "7", "--log-interval", "1", "--validate-interval", "0",
+              "--save-interval", "0", "--device", "cpu"]
+    ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+               str(free_port()), "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(ddp_run), *common]
+    proc = subprocess.run(command, env=SUBPROCESS_ENV, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert run_cli([data_bin, "--save-dir", single_run, *common, "--update-freq", "2"]).exit_code == 0
+    ddp_log, single_log = records(ddp_run, "train"), records(single_run, "train")
+    assert len(ddp_log) == len(single_log) == 7
+    for a, b in zip(ddp_log, single_log):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    for (name, p), q in zip(final_weights(ddp_run).items(), final_weights(single_run).values()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# --- resume -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_equals_uninterrupted(tmp_path: Path, data_bin: Path) -> None:
+    # Dropout on: the resumed run must also draw the same dropout masks.
+    args = [*TINY, "--dropout", "0.1", "--max-update", "40", "--save-interval-updates", "5",
+            "--validate-interval-updates", "10", "--keep-interval-updates", "2"]
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(killed), *args]
+    proc = subprocess.Popen(command, env=SUBPROCESS_ENV, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        log = killed / "train_log.jsonl"
+        if log.is_file() and any(r.get("update", 0) >= 17 for r in map(json.loads, log.read_text().splitlines())):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    interrupted_at = load_checkpoint(killed / "checkpoint_last.pt")["num_updates"]
+    assert 15 <= interrupted_at < 40
+    resumed = subprocess.run(command, env=SUBPROCESS_ENV, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {killed / 'checkpoint_last.pt'} at update {interrupted_at}" in resumed.stderr
+
+    straight = tmp_path / "straight"
+    assert run_cli([data_bin, "--save-dir", straight, *args]).exit_code == 0
+    killed_log = (killed / "train_log.jsonl").read_text().splitlines()
+    straight_log = (straight / "train_log.jsonl").read_text().splitlines()
+    assert [comparable(json.loads(r)) for r in killed_log] == [comparable(json.loads(r)) for r in straight_log]
+    for (name, p), q in zip(final_weights(killed).items(), final_weights(straight).values()):
+        assert torch.equal(p, q), name
+    # Retention: the newest two update checkpoints remain.
+    assert sorted(p.name for p in killed.glob("checkpoint_*_*.pt")) == sorted(
+        p.name for p in straight.glob("checkpoint_*_*.pt")) and len(list(straight.glob("checkpoint_*_*.pt"))) == 2
+    # Re-running a finished run does nothing more.
+    again = run_cli([data_bin, "--save-dir", straight, *args])
+    assert again.exit_code == 0 and "after 40 updates" in again.stdout
+
+
+def test_max_time_saves_and_stops(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-time", "0.001", "--max-update", "1000"])
+    assert result.exit_code == 0
+    assert "stopped (max_time) after 1 updates" in result.stdout
+    assert load_checkpoint(run / "checkpoint_last.pt")["num_updates"] == 1
+
+
+def test_patience_stops_after_validations_without_improvement(tmp_path: Path, data_bin: Path, monkeypatch) -> None:
+    flat = {"loss": 3.0, "nll": 2.9, "ppl": 2**2.9, "tokens": 100}
+    monkeypatch.setattr(trainer_module, "evaluate", lambda engine, data, batches: dict(flat))
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--patience", "2", "--validate-interval-updates", "2",
+                      "--max-update", "100"])
+    assert result.exit_code == 0
+    assert "stopped (patience) after 6 updates" in result.stdout
+    assert len(records(run, "valid")) == 3
+
+
+def test_out_of_memory_update_is_skipped(tmp_path: Path, data_bin: Path, monkeypatch) -> None:
+    real_update, calls = trainer_module.train_update, []
+
+    def flaky_update(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_update(*args)
+
+    monkeypatch.setattr(trainer_module, "train_update", flaky_update)
+    run = tmp_path / "run"
+    result = CliRunner().invoke(main, ["train", str(data_bin), "--save-dir", str(run), *TINY, "--max-update", "4"])
+    assert result.exit_code == 0, result.output
+    assert "out of GPU memory in update 2; skipped" in result.stderr
+    assert len(calls) == 5 and load_checkpoint(run / "checkpoint_last.pt")["num_updates"] == 4
+
+    monkeypatch.setattr(trainer_module, "train_update", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError()))
+    result = CliRunner().invoke(main, ["train", str(data_bin), "--save-dir", str(tmp_path / "run2"), *TINY])
+    assert result.exit_code == 1 and "error: out of GPU memory 5 updates in a row" in result.stderr
+
+
+# --- bad input --------------------------------------------------------------------------
+
+
+def assert_one_error(result, fragment: str) -> None:
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and fragment in lines[-1], result.stderr
+    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in result.stderr
+
+
+def test_bad_data_bin(tmp_path: Path, data_bin: Path) -> None:
+    no_valid = write_data_bin(tmp_path / "novalid", {"train": reversal_pairs(20, 0)})
+    assert_one_error(run_cli([no_valid, "--save-dir", tmp_path / "r1", *TINY]), "no 'valid' split")
+    assert_one_error(run_cli([data_bin, "-s", "fr", "--save-dir", tmp_path / "r2", *TINY]), "no language 'fr'")
+    assert_one_error(run_cli([tmp_path / "absent", "--save-dir", tmp_path / "r3", *TINY]), "not found")
+
+
+def test_resume_refuses_other_data_or_architecture(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    assert run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "2"]).exit_code == 0
+    other_dict = write_data_bin(tmp_path / "other", {"train": reversal_pairs(20, 0), "valid": reversal_pairs(5, 1)})
+    (other_dict / "dict.tgt.txt").write_text("zz 5\n" + (other_dict / "dict.tgt.txt").read_text())
+    assert_one_error(run_cli([other_dict, "--save-dir", run, *TINY, "--max-update", "4"]), "another tgt dictionary")
+    other_pair = write_data_bin(tmp_path / "pair", {"train": reversal_pairs(20, 0), "valid": reversal_pairs(5, 1)},
+                                src="en", tgt="de")
+    assert_one_error(run_cli([other_pair, "--save-dir", run, *TINY, "--max-update", "4"]), "trained on src-tgt")
+    assert_one_error(run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "4", "--encoder-layers", "3"]),
+                     "encoder_layers=2 (flags: 3)")
+
+
+def test_corrupt_checkpoint_is_an_error_not_a_restart(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
+    assert_one_error(run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "2"]), "checkpoint_last.pt")
+    assert (run / "checkpoint_last.pt").read_bytes() == b"not a checkpoint"
+
+
+def test_unwritable_save_dir(tmp_path: Path, data_bin: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert_one_error(run_cli([data_bin, "--save-dir", blocker / "run", *TINY]), "cannot write to --save-dir")
+
+
+def test_nan_loss_names_the_update(tmp_path: Path, data_bin: Path) -> None:
+    result = run_cli([data_bin, "--save-dir", tmp_path / "run", *TINY, "--lr-scheduler", "fixed", "--lr", "1e30",
+                      "--max-update", "30"])
+    assert_one_error(result, "loss became NaN/inf at update")
+
+
+def test_bad_flags() -> None:
+    assert_one_error(run_cli(["x", "--save-dir", "y", "--adam-betas", "0.9"]), "--adam-betas")
+    assert_one_error(run_cli(["x", "--save-dir", "y", "--max-time", "5 parsecs"]), "--max-time")
+    assert_one_error(run_cli(["x", "--save-dir", "y", "--update-freq", "0"]), "--update-freq must be >= 1")
+
+
+# --- small pure helpers --------------------------------------------------------------------
+
+
+def test_parsers_and_retention() -> None:
+    assert parse_betas("(0.9, 0.98)") == parse_betas("0.9 0.98") == (0.9, 0.98)
+    assert parse_duration("15m") == 900 and parse_duration("2h") == 7200 and parse_duration("1h30m") == 5400
+    assert parse_duration("90") == 90.0
+    with pytest.raises(NmtError):
+        parse_duration("2 hours")
+    names = ["checkpoint1.pt", "checkpoint10.pt", "checkpoint2.pt", "checkpoint_1_5.pt", "checkpoint_2_15.pt",
+             "checkpoint_2_10.pt", "checkpoint_last.pt", "checkpoint_best.pt"]
+    assert sorted(files_to_prune(names, keep_last_epochs=2, keep_interval_updates=1)) == [
+        "checkpoint1.pt", "checkpoint_1_5.pt", "checkpoint_2_10.pt"]
+    assert files_to_prune(names, -1, -1) == []
+
+
+def test_help_documents_every_option() -> None:
+    result = CliRunner().invoke(main, ["train", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--max-tokens", "--update-freq", "--lr-scheduler", "--label-smoothing", "--precision",
+                 "--save-interval-updates", "--max-time", "--patience", "--finetune-from", "--dropout", "torchrun"):
+        assert flag in result.output

@@ -1,0 +1,309 @@
+"""`nmt translate` end to end, and search with the real model.
+
+A module fixture builds a tiny run directory: a joint sentencepiece model and
+dictionary learned from generated text (Latin and non-Latin words), a meta.json
+with Moses tokenization, and a `transformer_tiny` checkpoint trained for a few
+dozen Adam steps on a copy task.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+from nmt_cli.checkpoint import save_checkpoint
+from nmt_cli.cli import main
+from nmt_cli.config import DecodeConfig
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
+from nmt_cli.decode.ensemble import Ensemble
+from nmt_cli.decode.search import generate
+from nmt_cli.decode.translator import make_batches, pad_batch
+from nmt_cli.models.registry import ARCHITECTURES, build_model
+from nmt_cli.text.bpe import learn_bpe
+from nmt_cli.text.pipeline import TextPipeline
+
+WORDS = ["the", "dog", "runs", "a", "red", "ball", "over", "green", "grass", "Straße", "schön",
+         "привет", "мир", "世界", "日本語", "καλημέρα"]
+MAX_SOURCE_POSITIONS = 24
+
+
+def generated_sentences(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 7))) + rng.choice([".", "!", ""]) for _ in range(count)]
+
+
+def train_copy_task(model: torch.nn.Module, batches: list[list[list[int]]], steps: int) -> None:
+    """A few Adam steps of teacher-forced copying, enough to move off random weights."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(steps):
+        rows = batches[step % len(batches)]
+        src = pad_batch(rows, torch.device("cpu"))
+        prev = pad_batch([[EOS_ID] + r[:-1] for r in rows], torch.device("cpu"))
+        logits = model(src, prev)
+        loss = F.cross_entropy(logits.transpose(1, 2), src, ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, one_thread) -> Path:
+    root = tmp_path_factory.mktemp("translate")
+    sentences = generated_sentences(400, seed=1)
+    pipeline_dir = root / "run"
+    pipeline_dir.mkdir()
+    meta = {
+        "format_version": 1, "source_lang": "en", "target_lang": "de", "joined_dictionary": True,
+        "tokenizer": {"name": "moses", "normalize_punctuation": True},
+        "bpe": {"type": "sentencepiece", "model": "bpe.model"}, "counts": {},
+    }
+    (pipeline_dir / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
+
+    tokenizer = Tokenizer(TokenizerSettings(name="moses", lang="en"))
+    learn_bpe((tokenizer.tokenize(s) for s in sentences), pipeline_dir / "bpe.model", vocab_size=120, sample_size=0, seed=1)
+    pipeline = TextPipeline.from_data_bin(pipeline_dir, "en")
+    encoded = [pipeline.encode(s) for s in sentences]
+    dictionary = Dictionary.build(Counter(p for pieces in encoded for p in pieces))
+    for lang in ("en", "de"):
+        dictionary.save(pipeline_dir / f"dict.{lang}.txt")
+    torch.manual_seed(0)
+    cfg = ARCHITECTURES["transformer_tiny"]
+    cfg = type(cfg)(**{**cfg.to_dict(), "dropout": 0.0, "max_source_positions": MAX_SOURCE_POSITIONS,
+                       "max_target_positions": 64, "share_all_embeddings": True})
+    model = build_model(cfg, len(dictionary), len(dictionary))
+    ids = [dictionary.encode(pieces) for pieces in encoded]
+    train_copy_task(model, [ids[i : i + 32] for i in range(0, len(ids), 32)], steps=40)
+    state = {
+        "format_version": 1, "model_config": cfg.to_dict(), "model": model.state_dict(),
+        "source_lang": "en", "target_lang": "de", "src_dict": dictionary.symbols, "tgt_dict": dictionary.symbols,
+        "num_updates": 40, "epoch": 1, "best_metric": None,
+    }
+    save_checkpoint(state, pipeline_dir / "checkpoint_best.pt")
+    return pipeline_dir
+
+
+def nmt(*args: str, input: bytes | str = b""):
+    runner = CliRunner()
+    return runner.invoke(main, ["translate", *args], input=input, catch_exceptions=False)
+
+
+def load(run_dir: Path):
+    from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
+
+    return model_from_checkpoint(load_checkpoint(run_dir / "checkpoint_best.pt")).eval()
+
+
+FAST = ("--max-len-a", "1", "--max-len-b", "5", "--device", "cpu", "--threads", "1", "--quiet")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (several only contend on a shared CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- batching ---------------------------------------------------------------------------
+
+
+def test_make_batches_respects_budgets_and_covers_everything():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 40) for _ in range(300)]
+    for max_tokens, batch_size in ((100, None), (None, 7), (64, 5), (10, None)):
+        batches = make_batches(lengths, max_tokens, batch_size)
+        assert sorted(i for b in batches for i in b) == list(range(300))
+        for b in batches:
+            longest = max(lengths[i] for i in b)
+            assert batch_size is None or len(b) <= batch_size
+            assert max_tokens is None or len(b) * longest <= max_tokens or len(b) == 1
+        flat = [lengths[i] for b in batches for i in b]
+        assert flat == sorted(flat, reverse=True)
+
+
+# --- the real model under search ------------------------------------------------------------
+
+
+class Uncached:
+    """The model recomputing every step from the full prefix (a fresh cache each call)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def encode(self, src_tokens):
+        return self.model.encode(src_tokens)
+
+    def decode_step(self, prev_tokens, encoder_out, cache):
+        return self.model.decode_step(prev_tokens, encoder_out, {})
+
+    def reorder_cache(self, cache, index):
+        pass
+
+    def reorder_encoder_out(self, encoder_out, index):
+        return self.model.reorder_encoder_out(encoder_out, index)
+
+
+def source_batch(run_dir: Path, count: int = 6):
+    pipeline = TextPipeline.from_data_bin(run_dir, "en")
+    dictionary = Dictionary.load(run_dir / "dict.en.txt")
+    rows = [dictionary.encode(pipeline.encode(s)) for s in generated_sentences(count, seed=5)]
+    return pad_batch(rows, torch.device("cpu"))
+
+
+def test_cached_equals_uncached_and_batched_equals_single(run_dir):
+    model = load(run_dir)
+    src = source_batch(run_dir)
+    cfg = DecodeConfig(beam=4, nbest=4, max_len_a=1, max_len_b=5)
+    cached = generate(model, src, cfg, 64)
+    uncached = generate(Uncached(model), src, cfg, 64)
+    for i, (x, y) in enumerate(zip(cached, uncached)):
+        assert [h.tokens for h in x] == [h.tokens for h in y]
+        assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-4)
+        (alone,) = generate(model, src[i : i + 1, : int(src[i].ne(PAD_ID).sum())], cfg, 64)
+        assert [h.tokens for h in alone] == [h.tokens for h in x]
+
+
+def test_beam_one_equals_teacher_forced_greedy(run_dir):
+    model = load(run_dir)
+    src = source_batch(run_dir, count=4)
+    got = generate(model, src, DecodeConfig(beam=1, max_len_a=1, max_len_b=5), 64)
+    for i in range(src.size(0)):
+        row = src[i : i + 1, : int(src[i].ne(PAD_ID).sum())]
+        prefix, max_len = [EOS_ID], row.size(1) + 5
+        while True:
+            with torch.no_grad():
+                lprobs = torch.log_softmax(model(row, torch.tensor([prefix]))[0, -1].float(), dim=-1)
+            lprobs[PAD_ID] = -float("inf")
+            if len(prefix) - 1 < 1:
+                lprobs[EOS_ID] = -float("inf")
+            token = EOS_ID if len(prefix) - 1 >= max_len else int(lprobs.argmax())
+            prefix.append(token)
+            if token == EOS_ID:
+                break
+        assert got[i][0].tokens == prefix[1:]
+
+
+def test_ensemble_of_the_model_with_itself(run_dir):
+    model = load(run_dir)
+    src = source_batch(run_dir, count=4)
+    cfg = DecodeConfig(beam=3, nbest=3, max_len_a=1, max_len_b=5)
+    for x, y in zip(generate(model, src, cfg, 64), generate(Ensemble([model, model]), src, cfg, 64)):
+        assert [h.tokens for h in x] == [h.tokens for h in y]
+        assert [h.score for h in x] == pytest.approx([h.score for h in y], abs=1e-5)
+
+
+# --- the command line -------------------------------------------------------------------
+
+
+def test_stdin_to_stdout_keeps_one_line_per_input_line(run_dir):
+    long_line = " ".join(["the dog runs over green grass"] * 8)
+    lines = ["the red ball .", "", "   \t ", "привет мир 世界", long_line, "schön Straße", ""]
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, input="\n".join(lines) + "\n")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout.split("\n")
+    assert out[-1] == "" and len(out) - 1 == len(lines)
+    assert out[1] == "" and out[2] == "" and out[6] == ""
+    assert all(out[i] for i in (0, 3, 4, 5))  # a trained-a-little model always says something here
+    assert "<stdin>:5" in result.stderr and "truncated" in result.stderr
+    assert "<stdin>:1:" not in result.stderr
+
+
+def test_output_order_does_not_depend_on_batching(run_dir):
+    lines = generated_sentences(40, seed=9)
+    text = "\n".join(lines) + "\n"
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    together = nmt("--path", ckpt, *FAST, "--output-format", "bpe", "--max-tokens", "60", input=text)
+    one_by_one = nmt("--path", ckpt, *FAST, "--output-format", "bpe", "--buffer-size", "1", input=text)
+    assert together.exit_code == 0 and one_by_one.exit_code == 0
+    assert together.stdout == one_by_one.stdout
+    assert len(together.stdout.splitlines()) == 40
+
+
+def test_input_formats_agree_and_jsonl_carries_nbest(run_dir, tmp_path):
+    lines = generated_sentences(5, seed=11)
+    pipeline = TextPipeline.from_data_bin(run_dir, "en")
+    dictionary = Dictionary.load(run_dir / "dict.en.txt")
+    bpe_lines = [" ".join(pipeline.encode(s)) for s in lines]
+    id_lines = [" ".join(str(i) for i in dictionary.encode(pipeline.encode(s), append_eos=False)) for s in lines]
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    outputs = []
+    for fmt, text in (("raw", lines), ("bpe", bpe_lines), ("ids", id_lines)):
+        result = nmt("--path", ckpt, *FAST, "--input-format", fmt, "--output-format", "jsonl", "--nbest", "3",
+                     "--beam", "3", "--lenpen", "0.6", input="\n".join(text) + "\n")
+        assert result.exit_code == 0, result.stderr
+        outputs.append(result.stdout)
+    assert outputs[0] == outputs[1] == outputs[2]
+    records = [json.loads(line) for line in outputs[0].splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 3, 4, 5]
+    for r in records:
+        assert len(r["nbest"]) == 3 and r["nbest"][0]["hyp"] == r["hyp"]
+        scores = [h["score"] for h in r["nbest"]]
+        assert scores == sorted(scores, reverse=True)
+        assert len(r["tokens"]) == len(r["ids"]) == len(r["positional_scores"]) and r["tokens"][-1] == "</s>"
+        assert sum(r["positional_scores"]) / len(r["ids"]) ** 0.6 == pytest.approx(r["score"], abs=1e-4)
+    text = nmt("--path", ckpt, *FAST, "--beam", "3", "--lenpen", "0.6", "-o", str(tmp_path / "out.txt"),
+               input="\n".join(lines) + "\n")
+    assert text.exit_code == 0 and text.stdout == ""
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == [r["hyp"] for r in records]
+
+
+def test_ensemble_path_with_itself_equals_single_model(run_dir):
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    text = "\n".join(generated_sentences(6, seed=12)) + "\n"
+    single = nmt("--path", ckpt, *FAST, "--output-format", "bpe", input=text)
+    double = nmt("--path", f"{ckpt}:{ckpt}", *FAST, "--output-format", "bpe", input=text)
+    assert single.exit_code == 0 and single.stdout == double.stdout
+
+
+def test_invalid_utf8_is_an_error_with_the_line_number_and_earlier_lines_survive(run_dir, tmp_path):
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    data = b"the dog runs\nthe red ball\nbad \xff\xfe byte\nthe grass\n"
+    strict = nmt("--path", ckpt, *FAST, "--buffer-size", "2", input=data)
+    assert strict.exit_code == 1
+    assert strict.stderr.strip().splitlines()[-1].startswith("error: invalid UTF-8 at <stdin>:3")
+    assert "Traceback" not in strict.stderr
+    assert len(strict.stdout.splitlines()) == 2
+    (tmp_path / "in.txt").write_bytes(data)
+    to_file = nmt("--path", ckpt, *FAST, "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt"))
+    assert to_file.exit_code == 1 and f"{tmp_path / 'in.txt'}:3" in to_file.stderr
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 2
+    replaced = nmt("--path", ckpt, *FAST, "--errors", "replace", input=data)
+    assert replaced.exit_code == 0 and len(replaced.stdout.splitlines()) == 4
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    result = nmt("--path", str(tmp_path / "nope.pt"), "--device", "cpu", input="hello\n")
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'nope.pt'}"
+
+
+def test_dictionary_mismatch_with_data_bin_is_a_clear_error(run_dir, tmp_path):
+    other = tmp_path / "other-bin"
+    shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("*.pt"))
+    symbols = Dictionary.load(run_dir / "dict.de.txt").symbols[4:]
+    Dictionary(symbols[1:] + symbols[:1]).save(other / "dict.de.txt")
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), "--data-bin", str(other), *FAST, input="the dog\n")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: dictionary {other / 'dict.de.txt'} does not match checkpoint")
+    assert "Traceback" not in result.stderr
+
+
+def test_ensemble_with_other_dictionaries_is_a_clear_error(run_dir, tmp_path):
+    state = torch.load(run_dir / "checkpoint_best.pt", weights_only=True)
+    state["tgt_dict"] = state["tgt_dict"][:4] + list(reversed(state["tgt_dict"][4:]))
+    save_checkpoint(state, tmp_path / "other.pt")
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    result = nmt("--path", f"{ckpt}:{tmp_path / 'other.pt'}", *FAST, input="the dog\n")
+    assert result.exit_code == 1 and "target dictionaries differ" in result.stderr
