@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +41,7 @@ from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PEER_PYTHON = Path(__file__).resolve().parent / ".venv" / "bin" / "python"
 
 
 @dataclass
@@ -213,6 +216,19 @@ def marian_model(cfg: ModelConfig, vocab: int, max_len: int) -> nn.Module | None
     return Adapter()
 
 
+def bench_in_peer_venv(argv: list[str]) -> Result:
+    """Run the Hugging Face system in benchmarks/.venv (see README: --setup-peer of
+    decode_throughput.py), which has transformers next to the same torch version."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    command = [str(PEER_PYTHON), __file__, *argv, "--systems", "hf", "--machine-readable"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"the hf system failed in {PEER_PYTHON}:\n{proc.stderr[-2000:]}")
+    name, tokens_per_s, peak = proc.stdout.strip().splitlines()[-1].split("\t")
+    return Result(name, float(tokens_per_s), float(peak) if peak != "None" else None)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="transformer_base", choices=sorted(ARCHITECTURES))
@@ -226,6 +242,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile every system")
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler)")
+    parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--systems", default="nmt,torch,hf", help="comma-separated subset of nmt,torch,hf")
     args = parser.parse_args()
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -246,10 +263,16 @@ def main() -> None:
         results.append(bench_baseline("torch.nn.Transformer", TorchNNSeq2Seq(model_cfg, args.vocab, args.seq_len + 1), args, device))
     if "hf" in systems:
         model = marian_model(model_cfg, args.vocab, args.seq_len + 1)
-        if model is None:
-            print("hf MarianMTModel: skipped (transformers not installed)")
-        else:
+        if model is not None:
             results.append(bench_baseline("hf MarianMTModel", model, args, device))
+        elif PEER_PYTHON.is_file():
+            results.append(bench_in_peer_venv(sys.argv[1:]))
+        else:
+            print("hf MarianMTModel: skipped (transformers not installed)")
+    if args.machine_readable:
+        for r in results:
+            print(f"{r.name}\t{r.tokens_per_s}\t{r.peak_mem_gib}")
+        return
     for r in results:
         memory = f"{r.peak_mem_gib:.2f} GiB peak" if r.peak_mem_gib is not None else "peak memory n/a on CPU"
         print(f"{r.name:32s} {r.tokens_per_s:12,.0f} target tok/s   {memory}")

@@ -389,10 +389,14 @@ def import_fairseq(cfg: ImportConfig) -> Path:
     """Write `cfg.out_dir` (checkpoint.pt, meta.json, dictionaries, BPE codes); return the checkpoint path."""
     loaded = load_fairseq_checkpoint(cfg.checkpoint)
     model_cfg = model_config_from_args(loaded.args, loaded.weights, cfg.checkpoint)
-    src_lang = cfg.source_lang or loaded.args.get("source_lang")
-    tgt_lang = cfg.target_lang or loaded.args.get("target_lang")
+    inferred = infer_language_pair(cfg.dict_dir)
+    src_lang = cfg.source_lang or loaded.args.get("source_lang") or inferred[0]
+    tgt_lang = cfg.target_lang or loaded.args.get("target_lang") or inferred[1]
     if not src_lang or not tgt_lang:
-        raise NmtError(f"{cfg.checkpoint} does not record its languages; give --source-lang and --target-lang")
+        raise NmtError(
+            f"neither {cfg.checkpoint} nor the file names in {cfg.dict_dir} tell the languages; "
+            "give --source-lang and --target-lang"
+        )
     src_dict_path, tgt_dict_path = cfg.dict_dir / f"dict.{src_lang}.txt", cfg.dict_dir / f"dict.{tgt_lang}.txt"
     src_dict, tgt_dict = read_fairseq_dictionary(src_dict_path), read_fairseq_dictionary(tgt_dict_path)
     _check_vocab_size(loaded.weights, "encoder", src_dict, src_dict_path, cfg.checkpoint)
@@ -436,6 +440,18 @@ def import_fairseq(cfg: ImportConfig) -> Path:
         checkpoint_path,
     )
     return checkpoint_path
+
+
+def infer_language_pair(data_bin: Path) -> tuple[str | None, str | None]:
+    """(src, tgt) from binarized split names `{split}.{src}-{tgt}.{lang}.bin`, as fairseq infers them."""
+    if not data_bin.is_dir():
+        return None, None
+    for path in sorted(data_bin.iterdir()):
+        parts = path.name.split(".")
+        if len(parts) >= 3 and len(parts[1].split("-")) == 2:
+            src, tgt = parts[1].split("-")
+            return src, tgt
+    return None, None
 
 
 def _check_vocab_size(weights: dict[str, torch.Tensor], side: str, symbols: list[str], dict_path: Path, ckpt: Path) -> None:

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")  # fairseq 0.12 with torch >= 2.6
@@ -69,7 +70,7 @@ def preprocess_and_train(spec: dict, work: Path) -> Path:
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "40",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", "1500", "--max-update", str(spec["max_update"]), "--seed", "1",
+        "--max-tokens", "1000", "--max-update", str(spec["max_update"]), "--seed", "1",
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--disable-validation",
         "--cpu", "--num-workers", "0", "--log-format", "none", "--log-interval", "1000",
     ])
@@ -77,14 +78,19 @@ def preprocess_and_train(spec: dict, work: Path) -> Path:
     return save_dir / "checkpoint_last.pt"
 
 
-def load_hub(checkpoint: Path, data_bin: Path, codes: Path):
-    from fairseq.hub_utils import GeneratorHubInterface, from_pretrained
+def load_hub(checkpoint: Path, data_bin: Path, codes: Path, spec: dict):
+    """fairseq's hub interface with `--tokenizer moses --bpe subword_nmt` (its defaults otherwise)."""
+    from fairseq import checkpoint_utils
+    from fairseq.data import encoders
+    from fairseq.hub_utils import GeneratorHubInterface
 
-    loaded = from_pretrained(
-        str(checkpoint.parent), checkpoint_file=checkpoint.name, data_name_or_path=str(data_bin),
-        tokenizer="moses", bpe="subword_nmt", bpe_codes=str(codes),
-    )
-    hub = GeneratorHubInterface(loaded["args"], loaded["task"], loaded["models"])
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data_bin)})
+    hub = GeneratorHubInterface(cfg, task, models)
+    # Set after loading: passing them as overrides trips omegaconf on checkpoints saved with a cfg.
+    hub.tokenizer = encoders.build_tokenizer(argparse.Namespace(
+        tokenizer="moses", source_lang=spec["src_lang"], target_lang=spec["tgt_lang"],
+        moses_no_dash_splits=False, moses_no_escape=False))
+    hub.bpe = encoders.build_bpe(argparse.Namespace(bpe="subword_nmt", bpe_codes=str(codes), bpe_separator="@@"))
     hub.eval()
     return hub
 
@@ -174,25 +180,36 @@ def probe_dictionary(lines: list[str], work: Path) -> list[str]:
     return list(Dictionary.load(str(path)).symbols)
 
 
+def log_time(stage: str, start: float) -> float:
+    now = time.perf_counter()
+    print(f"[fairseq_reference] {stage}: {now - start:.1f}s", file=sys.stderr)
+    return now
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     work = Path(spec["workdir"])
     work.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(1)
     torch.set_num_threads(1)
+    start = time.perf_counter()
     codes = tokenize_and_bpe(spec, work)
+    start = log_time("tokenize and learn BPE", start)
     checkpoint = preprocess_and_train(spec, work)
+    start = log_time("preprocess and train", start)
     legacy = work / "checkpoints" / "legacy.pt"
     legacy_variant(checkpoint, legacy)
     test = spec["test"]
     n = spec["score_pairs"]
     result = {"checkpoint": str(checkpoint), "legacy_checkpoint": str(legacy), "data_bin": str(work / "data-bin"),
               "bpe_codes": str(codes)}
-    hub = load_hub(checkpoint, work / "data-bin", codes)
+    hub = load_hub(checkpoint, work / "data-bin", codes, spec)
     result["src_dict"], result["tgt_dict"] = list(hub.src_dict.symbols), list(hub.tgt_dict.symbols)
     result["teacher_forced"] = teacher_forced(hub, test["src"][:n], test["tgt"][:n])
+    start = log_time("load and teacher-force", start)
     result["beam"] = beam_search(hub, spec, test["src"])
-    legacy_hub = load_hub(legacy, work / "data-bin", codes)
+    start = log_time("beam search", start)
+    legacy_hub = load_hub(legacy, work / "data-bin", codes, spec)
     result["legacy_teacher_forced"] = teacher_forced(legacy_hub, test["src"][:n], test["tgt"][:n])
     with open(codes, encoding="utf-8") as f:
         bpe = apply_bpe.BPE(f)

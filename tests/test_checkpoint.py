@@ -81,7 +81,8 @@ def test_shared_embeddings_stay_tied_after_loading(tmp_path: Path) -> None:
     torch.manual_seed(0)
     cfg = resolve_config("transformer_tiny", {"share_all_embeddings": True})
     model = build_model(cfg, len(TGT_DICT), len(TGT_DICT))
-    state = make_state() | {"src_dict": TGT_DICT, "model_config": cfg.to_dict(), "model": model_state_for_checkpoint(model)}
+    state = make_state() | {"src_dict": TGT_DICT, "model_config": cfg.to_dict()}
+    state["model"] = model_state_for_checkpoint(model)
     save_checkpoint(state, path)
     restored = model_from_checkpoint(load_checkpoint(path))
     weight = restored.encoder.embed_tokens.weight

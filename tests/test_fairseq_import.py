@@ -69,14 +69,19 @@ def corpus() -> dict[str, dict[str, list[str]]]:
     """Multi30k De-En lines when present; otherwise a generated word-mapping task."""
     root = SHARED_DATA / "multi30k"
     if (root / "train.de").is_file():
-        def read(name: str, count: int) -> list[str]:
-            return (root / name).read_text(encoding="utf-8").splitlines()[:count]
+        def read(name: str) -> list[str]:
+            return (root / name).read_text(encoding="utf-8").splitlines()
+
+        test_src, test_tgt = read("test.de"), read("test.en")
+        # The first lines, plus some with quotes and ampersands (Moses escapes them).
+        chosen = list(range(TEST_LINES)) + [i for i, line in enumerate(test_src) if i >= TEST_LINES and any(c in line for c in "&'\"")][:10]
         return {
-            split: {"src": read(f"{name}.de", count), "tgt": read(f"{name}.en", count)}
-            for split, name, count in (("train", "train", TRAIN_LINES), ("valid", "valid", 50), ("test", "test", TEST_LINES))
+            "train": {"src": read("train.de")[:TRAIN_LINES], "tgt": read("train.en")[:TRAIN_LINES]},
+            "valid": {"src": read("valid.de")[:50], "tgt": read("valid.en")[:50]},
+            "test": {"src": [test_src[i] for i in chosen], "tgt": [test_tgt[i] for i in chosen]},
         }
     rng = random.Random(0)
-    vocab = [f"wort{i}" for i in range(150)] + ["der", "die", "das", "ein", "und", ",", "."]
+    vocab = [f"wort{i}" for i in range(150)] + ["der", "die", "das", "ein", "und", ",", ".", '"', "&", "Bob's", "x-y"]
     translation = {w: w.replace("wort", "word") + ("s" if i % 3 == 0 else "") for i, w in enumerate(vocab)}
 
     def pairs(count: int) -> dict[str, list[str]]:

@@ -307,3 +307,27 @@ def test_ensemble_with_other_dictionaries_is_a_clear_error(run_dir, tmp_path):
     ckpt = str(run_dir / "checkpoint_best.pt")
     result = nmt("--path", f"{ckpt}:{tmp_path / 'other.pt'}", *FAST, input="the dog\n")
     assert result.exit_code == 1 and "target dictionaries differ" in result.stderr
+
+
+def test_stdin_is_streamed_chunk_by_chunk(run_dir):
+    """With --buffer-size 1 each translation is written before the next line arrives."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt_cli", "translate", "--path", str(run_dir / "checkpoint_best.pt"), *FAST,
+         "--buffer-size", "1", "--output-format", "bpe"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        answers = []
+        for line in ("the dog runs", "", "мир"):
+            proc.stdin.write((line + "\n").encode())
+            proc.stdin.flush()
+            answers.append(proc.stdout.readline())  # blocks until this line's translation is out
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read().decode()
+    finally:
+        proc.kill()
+    assert answers[0].strip() and answers[1] == b"\n" and answers[2].strip()
+    assert proc.stdout.read() == b""

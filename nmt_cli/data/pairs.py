@@ -65,22 +65,31 @@ class Batch:
         return Batch(move(self.src_tokens), move(self.prev_output_tokens), move(self.target), self.ntokens, self.nsentences)
 
 
+def padded_rows(dataset: IndexedDataset, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences `indices` right-padded with `<pad>` into one (B, L) array, and their lengths."""
+    lengths = dataset.sizes[indices]  # (B,)
+    starts = np.asarray(dataset.offsets[indices])  # (B,)
+    width = int(lengths.max())
+    columns = np.arange(width)
+    inside = columns[None, :] < lengths[:, None]  # (B, L)
+    positions = np.where(inside, starts[:, None] + columns[None, :], 0)
+    rows = np.where(inside, np.asarray(dataset.data[positions.ravel()]).reshape(positions.shape), PAD_ID)
+    return rows.astype(np.int64), lengths
+
+
 def collate(pairs: PairDataset, indices: np.ndarray) -> Batch:
     """The padded batch of the pairs at `indices`. Target sentences end with `</s>`."""
-    srcs = [pairs.src[int(i)] for i in indices]
-    tgts = [pairs.tgt[int(i)] for i in indices]
-    B, S, T = len(indices), max(len(s) for s in srcs), max(len(t) for t in tgts)
-    src_tokens = np.full((B, S), PAD_ID, dtype=np.int64)
-    target = np.full((B, T), PAD_ID, dtype=np.int64)
-    prev_output_tokens = np.full((B, T), PAD_ID, dtype=np.int64)
-    for row, (src, tgt) in enumerate(zip(srcs, tgts)):
-        src_tokens[row, : len(src)] = src
-        target[row, : len(tgt)] = tgt
-        # `</s> y1 ... y_{n-1}`: the decoder predicts target[t] from target[:t].
-        prev_output_tokens[row, 0] = EOS_ID
-        prev_output_tokens[row, 1 : len(tgt)] = tgt[:-1]
-    ntokens = int(sum(len(t) for t in tgts))
-    return Batch(torch.from_numpy(src_tokens), torch.from_numpy(prev_output_tokens), torch.from_numpy(target), ntokens, B)
+    indices = np.asarray(indices, dtype=np.int64)
+    src_tokens, _ = padded_rows(pairs.src, indices)  # (B, S)
+    target, tgt_lengths = padded_rows(pairs.tgt, indices)  # (B, T)
+    # `</s> y1 ... y_{n-1}`: the decoder predicts target[t] from target[:t].
+    prev_output_tokens = np.roll(target, 1, axis=1)
+    prev_output_tokens[:, 0] = EOS_ID
+    prev_output_tokens[np.arange(target.shape[1])[None, :] >= tgt_lengths[:, None]] = PAD_ID
+    return Batch(
+        torch.from_numpy(src_tokens), torch.from_numpy(prev_output_tokens), torch.from_numpy(target),
+        int(tgt_lengths.sum()), len(indices),
+    )
 
 
 @dataclass

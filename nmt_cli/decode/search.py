@@ -140,6 +140,7 @@ class BeamState:
     fin_scores: Tensor  # (B, K+1) normalized scores
     fin_len: Tensor  # (B, K+1) output length including </s>
     fin_count: Tensor  # (B,) finished hypotheses so far
+    done: Tensor  # (B,) bool: the sentence is complete; it waits to leave the batch
 
     @classmethod
     def start(cls, max_len: Tensor, K: int, L: int) -> "BeamState":
@@ -157,6 +158,7 @@ class BeamState:
             fin_scores=torch.full((B, K + 1), -math.inf, device=device),
             fin_len=torch.zeros(B, K + 1, dtype=torch.long, device=device),
             fin_count=torch.zeros(B, dtype=torch.long, device=device),
+            done=torch.zeros(B, dtype=torch.bool, device=device),
         )
 
     def select(self, keep: Tensor, K: int) -> "BeamState":
@@ -165,16 +167,19 @@ class BeamState:
         return BeamState(
             self.sentence[keep], self.max_len[keep], self.tokens[rows], self.token_lprobs[rows],
             self.cum_scores[keep], self.fin_tokens[keep], self.fin_lprobs[keep], self.fin_scores[keep],
-            self.fin_len[keep], self.fin_count[keep],
+            self.fin_len[keep], self.fin_count[keep], self.done[keep],
         )
 
 
 def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, step: int, cfg: DecodeConfig) -> None:
-    """Store the `</s>` candidates among the first K as finished hypotheses (in place)."""
+    """Store the `</s>` candidates among the first K as finished hypotheses (in place).
+
+    Sentences already done are left alone, and so are their finished hypotheses.
+    """
     scores, tokens, beams = (c[:, : cfg.beam] for c in cands)  # (B, K) each
     B, K = scores.shape
     L = state.tokens.size(1)
-    is_eos = tokens.eq(EOS_ID) & scores.isfinite()
+    is_eos = tokens.eq(EOS_ID) & scores.isfinite() & state.done.logical_not().unsqueeze(1)
     rank = state.fin_count.unsqueeze(1) + is_eos.long().cumsum(dim=1) - 1
     slot = torch.where(is_eos & (rank < K), rank, torch.full_like(rank, K))  # K: discard
     rows = (torch.arange(B, device=scores.device).unsqueeze(1) * K + beams).view(-1)  # (B*K,)
@@ -227,6 +232,8 @@ def generate(
     """
     B0, K = src_tokens.size(0), cfg.beam
     device = src_tokens.device
+    if B0 == 0:
+        return []
     src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
     max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
     L = max(max_len) + 2
@@ -236,6 +243,7 @@ def generate(
     encoder_out = model.encode(src_tokens)
     encoder_out = model.reorder_encoder_out(encoder_out, torch.arange(B0, device=device).repeat_interleave(K))
     cache: dict[str, Any] = {}
+    pending: _HostCopy | None = None  # last step's `done` flags, on their way to the host
     for step in range(L - 1):
         B = state.cum_scores.size(0)
         lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
@@ -250,20 +258,43 @@ def generate(
         else:
             cands = beam_candidates(lprobs3, state.cum_scores, step)
         finish_hypotheses(state, cands, lprobs, step, cfg)
-        done = state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
-        keep = done.logical_not().nonzero().squeeze(1)  # the one host sync per step
-        if keep.numel() < B:
-            _store_finished(results, state)
+        state.done = state.done | state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
+        rows = advance_beams(state, cands, lprobs, step, K)
+        # The host learns which sentences are done one step late, so that it never waits
+        # for the step the device is computing; done sentences are masked meanwhile.
+        if pending is not None:
+            keep = pending.get().logical_not().nonzero().squeeze(1).to(device)
             if keep.numel() == 0:
                 break
-        rows = advance_beams(state, cands, lprobs, step, K)
-        if keep.numel() < B:
-            rows = rows.view(B, K)[keep].view(-1)
-            state = state.select(keep, K)
-            sentence_rows = (keep.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
-            encoder_out = model.reorder_encoder_out(encoder_out, sentence_rows)
+            if keep.numel() < B:
+                _store_finished(results, state)
+                rows = rows.view(B, K)[keep].view(-1)
+                state = state.select(keep, K)
+                sentence_rows = (keep.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
+                encoder_out = model.reorder_encoder_out(encoder_out, sentence_rows)
+        pending = _HostCopy(state.done)
         model.reorder_cache(cache, rows)
+    _store_finished(results, state)
     return _best_hypotheses(results, cfg.nbest)
+
+
+class _HostCopy:
+    """A device tensor copied to the host without blocking; `get` waits for the copy only."""
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.event = None
+        if tensor.is_cuda:
+            self.host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self.host.copy_(tensor, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = tensor.clone()
+
+    def get(self) -> Tensor:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host
 
 
 def _store_finished(results: BeamState, state: BeamState) -> None:

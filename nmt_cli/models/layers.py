@@ -64,7 +64,8 @@ class SinusoidalPositions(nn.Module):
         self.dim = dim
         self.padding_idx = padding_idx
         # Not saved in checkpoints: it is a pure function of (dim, padding_idx).
-        self.register_buffer("table", sinusoidal_table(max_positions + padding_idx + 1, dim, padding_idx), persistent=False)
+        table = sinusoidal_table(max_positions + padding_idx + 1, dim, padding_idx)  # (N, D)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, tokens: Tensor, start: int | None = None) -> Tensor:
         """(B, T) tokens -> (B, T, D); or (1, T, D) for an incremental step at `start`."""
@@ -105,9 +106,9 @@ class LearnedPositions(nn.Module):
 
 
 def split_heads(x: Tensor, parts: int, num_heads: int) -> Tensor:
-    """(B, T, parts * D) -> (parts, B, H, T, Dh)."""
+    """(B, T, parts * D) -> (B, parts, H, T, Dh)."""
     B, T, _ = x.shape
-    return x.view(B, T, parts, num_heads, -1).permute(2, 0, 3, 1, 4)
+    return x.view(B, T, parts, num_heads, -1).permute(0, 2, 3, 1, 4)
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -139,7 +140,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         """Full-sequence attention: x (B, T, D) -> (B, T, D)."""
-        q, k, v = split_heads(self.in_proj(x), 3, self.num_heads).unbind(0)  # each (B, H, T, Dh)
+        q, k, v = split_heads(self.in_proj(x), 3, self.num_heads).unbind(1)  # each (B, H, T, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
         return self.out_proj(merge_heads(out))
@@ -147,13 +148,13 @@ class SelfAttention(nn.Module):
     def forward_cached(self, x: Tensor, kv_cache: Tensor, start: int) -> Tensor:
         """Incremental causal attention for new tokens x (B, n, D) at positions start..start+n-1.
 
-        kv_cache (2, B, H, capacity, Dh) holds keys/values of the earlier positions;
+        kv_cache (B, 2, H, capacity, Dh) holds keys/values of the earlier positions;
         this writes the new ones in place and attends over positions 0..start+n-1.
         """
         n = x.size(1)
-        q, kv = split_heads(self.in_proj(x), 3, self.num_heads).split([1, 2], dim=0)  # (1|2, B, H, n, Dh)
-        kv_cache[:, :, :, start : start + n] = kv
-        k, v = kv_cache[:, :, :, : start + n].unbind(0)  # each (B, H, start + n, Dh)
+        qkv = split_heads(self.in_proj(x), 3, self.num_heads)  # (B, 3, H, n, Dh)
+        kv_cache[:, :, :, start : start + n] = qkv[:, 1:]
+        k, v = kv_cache[:, :, :, : start + n].unbind(1)  # each (B, H, start + n, Dh)
         if n == 1:
             mask, is_causal = None, False  # one query may see every cached key
         elif start == 0:
@@ -162,37 +163,44 @@ class SelfAttention(nn.Module):
             # Query i (absolute start + i) may see keys 0..start + i.
             mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(diagonal=start)
             is_causal = False
-        out = F.scaled_dot_product_attention(q[0], k, v, attn_mask=mask, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(qkv[:, 0], k, v, attn_mask=mask, is_causal=is_causal)
         return self.out_proj(merge_heads(out))
 
 
 class CrossAttention(nn.Module):
-    """Multi-head attention from decoder states to encoder output (keys/values computed once)."""
+    """Multi-head attention from decoder states to encoder output (keys/values computed once).
 
-    def __init__(self, embed_dim: int, num_heads: int, attention_dropout: float) -> None:
+    `memory_dim` is the encoder's model dimension (fairseq's kdim/vdim).
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, attention_dropout: float, memory_dim: int) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.attention_dropout = attention_dropout
         self.q_proj = nn.Linear(embed_dim, embed_dim)
-        self.kv_proj = nn.Linear(embed_dim, 2 * embed_dim)
+        self.kv_proj = nn.Linear(memory_dim, 2 * embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
-        # Same per-projection bounds as fairseq (see SelfAttention).
+        # Same per-projection bounds as fairseq's xavier(gain=1/sqrt(2)) on separate k and v.
         nn.init.xavier_uniform_(self.q_proj.weight, gain=2**-0.5)
-        nn.init.xavier_uniform_(self.kv_proj.weight, gain=0.75**0.5)
+        kv_gain = ((memory_dim + 2 * embed_dim) / (2 * (memory_dim + embed_dim))) ** 0.5
+        nn.init.xavier_uniform_(self.kv_proj.weight, gain=kv_gain)
         nn.init.zeros_(self.q_proj.bias)
         nn.init.zeros_(self.kv_proj.bias)
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
     def project_kv(self, memory: Tensor) -> Tensor:
-        """Encoder output (B, S, D) -> keys and values (2, B, H, S, Dh)."""
+        """Encoder output (B, S, D) -> keys and values (B, 2, H, S, Dh)."""
         return split_heads(self.kv_proj(memory), 2, self.num_heads)
 
     def forward(self, x: Tensor, kv: Tensor, attn_mask: Tensor) -> Tensor:
-        """x (B, T, D), kv (2, B, H, S, Dh), attn_mask (B, 1, 1, S) -> (B, T, D)."""
-        q = split_heads(self.q_proj(x), 1, self.num_heads)[0]  # (B, H, T, Dh)
+        """x (B, T, D), kv (B, 2, H, S, Dh), attn_mask (B, 1, 1, S) -> (B, T, D).
+
+        attn_mask is bool (True where allowed) or additive float in x's dtype.
+        """
+        q = split_heads(self.q_proj(x), 1, self.num_heads)[:, 0]  # (B, H, T, Dh)
         dropout = self.attention_dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=attn_mask, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=attn_mask, dropout_p=dropout)
         return self.out_proj(merge_heads(out))
 
 
@@ -245,21 +253,22 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
         """x (B, S, D), attn_mask (B, 1, 1, S) -> (B, S, D)."""
         w = self.wiring
-        x = w.after(self.self_attn(w.before(x, self.self_attn_layer_norm), attn_mask, False), x, self.self_attn_layer_norm)
-        x = w.after(w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2), x, self.final_layer_norm)
-        return x
+        h = self.self_attn(w.before(x, self.self_attn_layer_norm), attn_mask, False)
+        x = w.after(h, x, self.self_attn_layer_norm)
+        h = w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2)
+        return w.after(h, x, self.final_layer_norm)
 
 
 class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention and feed-forward, each with residual and LayerNorm."""
 
     def __init__(self, dim: int, ffn_dim: int, heads: int, dropout: float, attention_dropout: float,
-                 activation_dropout: float, normalize_before: bool) -> None:
+                 activation_dropout: float, normalize_before: bool, encoder_dim: int) -> None:
         super().__init__()
         self.wiring = _Sublayers(dropout, activation_dropout, normalize_before)
         self.self_attn = SelfAttention(dim, heads, attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(dim)
-        self.encoder_attn = CrossAttention(dim, heads, attention_dropout)
+        self.encoder_attn = CrossAttention(dim, heads, attention_dropout, encoder_dim)
         self.encoder_attn_layer_norm = nn.LayerNorm(dim)
         self.fc1 = _linear(dim, ffn_dim)
         self.fc2 = _linear(ffn_dim, dim)
@@ -267,10 +276,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, cross_kv: Tensor, cross_mask: Tensor,
                 self_kv_cache: Tensor | None = None, start: int = 0) -> Tensor:
-        """x (B, T, D) -> (B, T, D); cross_kv (2, B, H, S, Dh), cross_mask (B, 1, 1, S).
+        """x (B, T, D) -> (B, T, D); cross_kv (B, 2, H, S, Dh), cross_mask (B, 1, 1, S).
 
         Without `self_kv_cache`, x is a whole right-padded target prefix (teacher
-        forcing); with it (2, B, H, capacity, Dh), x holds new tokens at `start`.
+        forcing); with it (B, 2, H, capacity, Dh), x holds new tokens at `start`.
         """
         w = self.wiring
         h = w.before(x, self.self_attn_layer_norm)
@@ -281,5 +290,5 @@ class DecoderLayer(nn.Module):
         x = w.after(h, x, self.self_attn_layer_norm)
         h = self.encoder_attn(w.before(x, self.encoder_attn_layer_norm), cross_kv, cross_mask)
         x = w.after(h, x, self.encoder_attn_layer_norm)
-        x = w.after(w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2), x, self.final_layer_norm)
-        return x
+        h = w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2)
+        return w.after(h, x, self.final_layer_norm)

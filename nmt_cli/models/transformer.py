@@ -6,13 +6,15 @@ Search: `encode`, then `decode_step` once per output position with a cache dict,
 
 The decoding cache (a plain dict the caller creates empty) holds
   "length":    int, target positions already processed;
-  "self_kv":   (L, 2, B, H, capacity, Dh) self-attention keys/values of all decoder
+  "self_kv":   (B, L, 2, H, capacity, Dh) self-attention keys/values of all L decoder
                layers in one contiguous buffer, written in place and doubled in
                capacity when full (no torch.cat per step);
-  "cross_kv":  (L, 2, B, H, S, Dh) cross-attention keys/values, computed once from
+  "cross_kv":  (B, L, 2, H, S, Dh) cross-attention keys/values, computed once from
                the encoder output at the first step;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads.
+Batch comes first so that `reorder_cache` is one row gather per tensor (on a GPU,
+several times faster than selecting along an inner dimension).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class TransformerDecoder(nn.Module):
         self.embed_positions = make_positions_module(cfg, dim, cfg.max_target_positions)
         self.layers = nn.ModuleList(
             DecoderLayer(dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before)
+                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.encoder_embed_dim)
             for _ in range(cfg.decoder_layers)
         )
         self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
@@ -131,7 +133,7 @@ class TransformerDecoder(nn.Module):
         start = cache["length"]
         x = self.embed(new_tokens, start)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cache["cross_kv"][i], cache["cross_mask"], cache["self_kv"][i], start)
+            x = layer(x, cache["cross_kv"][:, i], cache["cross_mask"], cache["self_kv"][:, i], start)
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
@@ -201,15 +203,15 @@ class Transformer(nn.Module):
 
     def _start_cache(self, encoder_out: EncoderOut, cache: dict) -> None:
         layers = self.decoder.layers
-        cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out) for layer in layers])
-        L, _, B, H, _, Dh = cross_kv.shape  # (L, 2, B, H, S, Dh)
+        cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out) for layer in layers], dim=1)
+        B, L, _, H, _, Dh = cross_kv.shape  # (B, L, 2, H, S, Dh)
         cache["length"] = 0
         cache["cross_kv"] = cross_kv
         # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
         cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
             allowed.logical_not(), float("-inf"))
-        cache["self_kv"] = cross_kv.new_empty(L, 2, B, H, INITIAL_CACHE_CAPACITY, Dh)
+        cache["self_kv"] = cross_kv.new_empty(B, L, 2, H, INITIAL_CACHE_CAPACITY, Dh)
 
     @staticmethod
     def _ensure_capacity(cache: dict, needed: int) -> None:
@@ -227,8 +229,8 @@ class Transformer(nn.Module):
         """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering)."""
         if not cache:
             return
-        cache["self_kv"] = cache["self_kv"].index_select(2, index)
-        cache["cross_kv"] = cache["cross_kv"].index_select(2, index)
+        cache["self_kv"] = cache["self_kv"].index_select(0, index)
+        cache["cross_kv"] = cache["cross_kv"].index_select(0, index)
         cache["cross_mask"] = cache["cross_mask"].index_select(0, index)
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 # Rows per chunk are chosen so that one float32 chunk is about this many elements.
-CHUNK_ELEMENTS = 1 << 25
+CHUNK_ELEMENTS = 1 << 26
 
 
 def _rows_per_chunk(vocab_size: int) -> int:
@@ -34,16 +34,14 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor):
         # logits (N, V) any float dtype; target (N,) int64
         N, V = logits.shape
-        lse = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,)
-        sum_logits = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,)
+        nll = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,) -log p[t]
+        smooth = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,) -sum_v log p[v]
         step = _rows_per_chunk(V)
         for start in range(0, N, step):
-            chunk = logits[start : start + step].float()
-            lse[start : start + step] = torch.logsumexp(chunk, dim=-1)
-            sum_logits[start : start + step] = chunk.sum(dim=-1)
-        target_logit = logits.gather(1, target.unsqueeze(1)).squeeze(1).float()  # (N,)
-        nll = lse - target_logit  # -log p[t]
-        smooth = V * lse - sum_logits  # -sum_v log p[v]
+            rows = slice(start, start + step)
+            log_probs = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
+            nll[rows] = -log_probs.gather(1, target[rows].unsqueeze(1)).squeeze(1)
+            smooth[rows] = -log_probs.sum(dim=-1)
         ctx.save_for_backward(logits, target)
         return nll, smooth
 

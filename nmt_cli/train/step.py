@@ -31,6 +31,26 @@ from nmt_cli.train.state import seed_for_update
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class ModelWithLoss(nn.Module):
+    """The model followed by the loss: the unit that DDP wraps and torch.compile
+    compiles, so that the compiler can fuse the loss into the output projection."""
+
+    def __init__(self, model: nn.Module, label_smoothing: float, device_type: str, autocast_dtype: torch.dtype | None) -> None:
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+        self.device_type = device_type
+        self.autocast_dtype = autocast_dtype
+
+    def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor, target: torch.Tensor):
+        if self.autocast_dtype is None:
+            logits = self.model(src_tokens, prev_output_tokens)  # (B, T, V)
+        else:
+            with torch.autocast(self.device_type, dtype=self.autocast_dtype):
+                logits = self.model(src_tokens, prev_output_tokens)
+        return label_smoothed_nll_loss(logits, target, self.label_smoothing, PAD_ID)
+
+
 @dataclass
 class Engine:
     """The model and everything that updates it."""
@@ -38,7 +58,7 @@ class Engine:
     cfg: TrainConfig
     dist: DistInfo
     model: nn.Module  # the plain model: checkpoints and validation use it
-    runner: nn.Module  # what training calls: the model wrapped in DDP and/or torch.compile
+    runner: nn.Module  # what training calls: ModelWithLoss, wrapped in DDP and/or torch.compile
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None  # fp16 only
     schedule: LrSchedule
@@ -69,10 +89,10 @@ def build_engine(cfg: TrainConfig, model_cfg: ModelConfig, src_vocab: int, tgt_v
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     model = build_model(model_cfg, src_vocab, tgt_vocab).to(dist.device)
-    runner: nn.Module = model
+    runner: nn.Module = ModelWithLoss(model, cfg.label_smoothing, dist.device.type, AUTOCAST_DTYPES[cfg.precision])
     if dist.world_size > 1:
         device_ids = [dist.device.index] if dist.device.type == "cuda" else None
-        runner = DistributedDataParallel(model, device_ids=device_ids)
+        runner = DistributedDataParallel(runner, device_ids=device_ids)
     if cfg.compile:
         runner = torch.compile(runner)
     optimizer = build_optimizer(list(model.parameters()), cfg.adam_betas, cfg.adam_eps, cfg.weight_decay, dist.device)
@@ -113,9 +133,7 @@ def train_update(
     for i, (indices, weight) in enumerate(passes):
         batch = collate(data, indices).to(engine.device)
         with _no_sync_unless(runner, sync=i == len(passes) - 1):
-            with engine.autocast():
-                logits = runner(batch.src_tokens, batch.prev_output_tokens)  # (B, T, V)
-            loss, nll = label_smoothed_nll_loss(logits, batch.target, cfg.label_smoothing, PAD_ID)
+            loss, nll = runner(batch.src_tokens, batch.prev_output_tokens, batch.target)
             scaled = loss * (grad_scale * weight)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         loss_sum += loss.detach() * weight

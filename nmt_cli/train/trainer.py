@@ -26,7 +26,7 @@ from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.saving import LAST, check_writable, checkpoint_names, prepare_run_dir, prune_checkpoints, write_checkpoints
 from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
-from nmt_cli.train.step import Engine, build_engine, evaluate, train_update
+from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
 
 MAX_CONSECUTIVE_OOM = 5
