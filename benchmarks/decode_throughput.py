@@ -10,7 +10,7 @@ Throughput counts tgt-len + 1 target tokens per sentence.
     python benchmarks/decode_throughput.py --device cuda --precision bf16 --batch-size 128
     python benchmarks/decode_throughput.py --setup-peer         # create benchmarks/.venv with transformers
 
-Hugging Face runs in its own virtual environment (benchmarks/.venv, made by
+Hugging Face runs in its own virtual environment (benchmarks/.peer-hf/.venv, made by
 --setup-peer, with torch pinned to the main environment's version); without it
 that line says "skipped (not installed)". This file must stay importable without
 nmt_cli (the peer process runs it with --system hf).
@@ -21,13 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import zlib
 from pathlib import Path
 
+from common import PEER_PYTHON, peer_bin, peer_env, peer_has, self_peak_rss_mib
+
 HERE = Path(__file__).resolve().parent
-PEER_VENV = HERE / ".venv"
+# Its own environment (git-ignored as any .venv/): other benchmarks install other peers elsewhere.
+PEER_VENV = HERE / ".peer-hf" / ".venv"
 PEER_CONSTRAINTS = HERE / "peer-constraints.txt"
 PAD, EOS, BOS = 1, 2, 0
 # transformer_small's sizes, used by the peer process (which cannot import nmt_cli).
@@ -47,14 +53,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=1, help="seed for weights and data (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the fastest counts (default: %(default)s)")
     p.add_argument("--skip-peer", action="store_true", help="only measure nmt")
+    p.add_argument("--peer-python", type=Path, default=PEER_VENV / "bin" / "python",
+                   help="python of an environment with transformers (default: the one --setup-peer makes)")
     p.add_argument("--setup-peer", action="store_true", help=f"create {PEER_VENV.relative_to(HERE.parent)} with transformers, then exit")
-    p.add_argument("--system", choices=("all", "hf"), default="all", help=argparse.SUPPRESS)
+    p.add_argument("--source-text", type=Path, default=None,
+                   help="take the first --sentences lines of this file as sources (words hashed to ids), "
+                        "e.g. ../shared/data/wmt14_en_de/test.en (default: random ids)")
+    p.add_argument("--fairseq-peers", action="store_true",
+                   help="also measure fairseq and CTranslate2 (benchmarks/.venv from setup_peers.sh) and nmt "
+                        "on the same fairseq weights (via `nmt import-fairseq`)")
+    p.add_argument("--system", choices=("all", "hf", "fairseq-checkpoint", "fairseq", "ct2"), default="all", help=argparse.SUPPRESS)
+    p.add_argument("--work-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--compute-type", default="float32", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def source_sentences(args: argparse.Namespace) -> list[list[int]]:
-    """Seeded random id sequences (each ending in </s>), sorted by length as a translator would."""
+    """Seeded random id sequences (each ending in </s>), sorted by length as a translator would;
+    with --source-text, its first lines with each word hashed to an id (real sentence lengths)."""
+    if args.source_text is not None:
+        with open(args.source_text, encoding="utf-8") as f:
+            lines = [line.split() for line, _ in zip(f, range(args.sentences))]
+        rows = [[4 + zlib.crc32(w.encode()) % (args.vocab - 4) for w in words] + [EOS] for words in lines if words]
+        if len(rows) < args.sentences:
+            sys.exit(f"{args.source_text} has only {len(rows)} non-empty lines among its first {args.sentences}")
+        return sorted(rows, key=len, reverse=True)
     rng = random.Random(args.seed)
     rows = []
     for _ in range(args.sentences):
@@ -83,17 +108,20 @@ def autocast(torch, args):
 
 
 def timed(torch, args, run_batch, rows) -> float:
-    """Seconds to decode all `rows`, after one untimed warm-up batch."""
+    """Seconds to decode all `rows` (best of --repeats), after one untimed warm-up batch."""
+    best = float("inf")
     with torch.inference_mode(), autocast(torch, args):
         run_batch(next(batches(rows[: min(8, len(rows))], args.batch_size, torch)).to(args.device))
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for tokens in batches(rows, args.batch_size, torch):
-            run_batch(tokens.to(args.device))
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
+        for _ in range(args.repeats):
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for tokens in batches(rows, args.batch_size, torch):
+                run_batch(tokens.to(args.device))
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+    return best
 
 
 def measure_nmt(args: argparse.Namespace, beam: int) -> float:
@@ -151,6 +179,7 @@ def setup_peer() -> None:
 
     version = torch.__version__.split("+")[0]
     PEER_CONSTRAINTS.write_text(f"torch=={version}\n")
+    PEER_VENV.parent.mkdir(exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", str(PEER_VENV)], check=True)
     pip = [str(PEER_VENV / "bin" / "python"), "-m", "pip", "install", "-q"]
     subprocess.run([*pip, f"torch=={version}"], check=True)
@@ -158,10 +187,10 @@ def setup_peer() -> None:
 
 
 def run_peer(args: argparse.Namespace, argv: list[str]) -> float | str:
-    python = PEER_VENV / "bin" / "python"
+    python = args.peer_python
     if not python.exists():
         return "skipped (not installed; run with --setup-peer)"
-    check = subprocess.run([str(python), "-c", "import transformers"], capture_output=True)
+    check = subprocess.run([str(python), "-c", "from transformers import MarianMTModel"], capture_output=True)
     if check.returncode != 0:
         return "skipped (not installed; run with --setup-peer)"
     proc = subprocess.run([str(python), __file__, *argv, "--system", "hf"], capture_output=True, text=True)
@@ -170,12 +199,139 @@ def run_peer(args: argparse.Namespace, argv: list[str]) -> float | str:
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["seconds"])
 
 
+def fairseq_flags(work_dir: Path, seed: int) -> list[str]:
+    """fairseq-train flags for transformer_small's sizes with shared embeddings."""
+    sizes = ["--encoder-embed-dim", str(SIZES["d_model"]), "--encoder-ffn-embed-dim", str(SIZES["ffn"]),
+             "--encoder-layers", str(SIZES["layers"]), "--encoder-attention-heads", str(SIZES["heads"])]
+    sizes += [flag.replace("encoder", "decoder") for flag in sizes]
+    return [str(work_dir), "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "transformer",
+            "--share-all-embeddings", *sizes, "--dropout", "0.0", "--seed", str(seed)]
+
+
+def make_fairseq_checkpoint(args: argparse.Namespace) -> None:
+    """Runs inside the peer environment: a random-weight fairseq Transformer saved as fairseq
+    0.12 saves a checkpoint (args Namespace), with dictionaries of --vocab symbols."""
+    import torch
+    from fairseq import options, tasks
+
+    for lang in ("src", "tgt"):  # fairseq adds <s>, <pad>, </s>, <unk> itself: V in all
+        (args.work_dir / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(4, args.vocab)))
+    fairseq_args = options.parse_args_and_arch(options.get_training_parser(), fairseq_flags(args.work_dir, args.seed))
+    torch.manual_seed(args.seed)
+    model = tasks.setup_task(fairseq_args).build_model(fairseq_args)
+    history = [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
+                "lr_scheduler_state": {"best": None}, "num_updates": 0}]
+    torch.save({"args": fairseq_args, "model": model.state_dict(), "optimizer_history": history, "extra_state": {},
+                "last_optimizer_state": None}, args.work_dir / "checkpoint.pt")
+
+
+def measure_fairseq(args: argparse.Namespace) -> float:
+    """Runs inside the peer environment: fairseq's SequenceGenerator (fairseq-generate's search)."""
+    import torch
+    from fairseq import checkpoint_utils
+    from fairseq.sequence_generator import SequenceGenerator
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(args.work_dir / "checkpoint.pt")])
+    model = models[0].to(args.device).eval()
+    if args.precision != "fp32":
+        model = model.half() if args.precision == "fp16" else model.to(torch.bfloat16)
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=args.beam, max_len_a=0,
+                                  max_len_b=args.tgt_len, min_len=args.tgt_len)
+
+    def run_batch(tokens):
+        lengths = tokens.ne(PAD).sum(1)
+        hyps = generator.generate([model], {"net_input": {"src_tokens": tokens, "src_lengths": lengths}})
+        assert all(len(h[0]["tokens"]) == args.tgt_len + 1 for h in hyps)
+
+    precision, args.precision = args.precision, "fp32"  # the model itself is cast, no autocast
+    seconds = timed(torch, args, run_batch, source_sentences(args))
+    args.precision = precision
+    return seconds
+
+
+def measure_ct2(args: argparse.Namespace) -> float:
+    """Runs inside the peer environment: CTranslate2 on the converted fairseq model. It counts
+    decoding length without </s>, so min = max = tgt-len + 1 runs the same tgt-len + 1 steps."""
+    import ctranslate2
+
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    translator = ctranslate2.Translator(str(args.work_dir / "ct2"), device=device, compute_type=args.compute_type,
+                                       intra_threads=args.threads or 0, inter_threads=1)
+    sources = [[f"w{i}" for i in row[:-1]] for row in source_sentences(args)]
+    options = dict(beam_size=args.beam, min_decoding_length=args.tgt_len + 1, max_decoding_length=args.tgt_len + 1,
+                   max_batch_size=args.batch_size)
+    translator.translate_batch(sources[:8], **options)  # warm-up
+    best = float("inf")
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        results = translator.translate_batch(sources, **options)
+        best = min(best, time.perf_counter() - start)
+    assert all(len(r.hypotheses[0]) == args.tgt_len + 1 for r in results)
+    return best
+
+
+def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path) -> float:
+    """nmt's beam search on the weights of the fairseq model (imported by `nmt import-fairseq`)."""
+    import torch
+
+    from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt_cli.config import DecodeConfig
+    from nmt_cli.decode.search import generate
+
+    state = load_checkpoint(checkpoint)
+    model = model_from_checkpoint(state, checkpoint).to(args.device).eval()
+    decode = DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
+
+    def run_batch(tokens):
+        hyps = generate(model, tokens, decode, model.cfg.max_target_positions)
+        assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
+
+    return timed(torch, args, run_batch, source_sentences(args))
+
+
+def run_in_peer_env(args: argparse.Namespace, argv: list[str], system: str, *extra: str) -> dict | str:
+    """Run one --system of this file with benchmarks/.venv's python; its last stdout line is JSON."""
+    command = [str(PEER_PYTHON), __file__, *argv, "--system", system, "--work-dir", str(args.work_dir), *extra]
+    proc = subprocess.run(command, capture_output=True, text=True, env=peer_env(args.threads))
+    if proc.returncode != 0:
+        return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float | str]:
+    """fairseq, CTranslate2 (float32, int8) and nmt, all on one random-weight fairseq model."""
+    if not peer_has("fairseq", "ctranslate2"):
+        return {"fairseq": "skipped (run benchmarks/setup_peers.sh)"}
+    args.work_dir = Path(tempfile.mkdtemp(prefix="nmt-decode-bench-"))
+    made = run_in_peer_env(args, argv, "fairseq-checkpoint")
+    if isinstance(made, str):
+        return {"fairseq": made}
+    checkpoint = args.work_dir / "checkpoint.pt"
+    subprocess.run([peer_bin("ct2-fairseq-converter"), "--model_path", str(checkpoint), "--data_dir", str(args.work_dir),
+                    "--source_lang", "src", "--target_lang", "tgt", "--output_dir", str(args.work_dir / "ct2"),
+                    "--unsafe_deserialization"], check=True, capture_output=True, env=peer_env())
+    subprocess.run([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(args.work_dir),
+                    "--out", str(args.work_dir / "nmt-run"), "-s", "src", "-t", "tgt"], check=True, capture_output=True)
+    results: dict[str, float | str] = {f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, args.work_dir / "nmt-run" / "checkpoint.pt")}
+    for name, system, extra in ((f"fairseq beam{args.beam}", "fairseq", ()),
+                                (f"ct2 float32 beam{args.beam}", "ct2", ("--compute-type", "float32")),
+                                (f"ct2 int8 beam{args.beam}", "ct2", ("--compute-type", "int8"))):
+        if args.device.startswith("cuda") and system == "ct2" and "int8" in extra:
+            extra = ("--compute-type", "int8_float16")
+        out = run_in_peer_env(args, argv, system, *extra)
+        results[name] = out if isinstance(out, str) else out["seconds"]
+        if not isinstance(out, str):
+            print(f"# {name}: peak RSS of its process {out['peak_rss_mib']:.0f} MiB")
+    shutil.rmtree(args.work_dir, ignore_errors=True)
+    return results
+
+
 def report(name: str, args: argparse.Namespace, seconds: float | str) -> None:
     if isinstance(seconds, str):
-        print(f"{name:<16} {seconds}")
+        print(f"{name:<27} {seconds}")
         return
     sent = args.sentences / seconds
-    print(f"{name:<16} {args.sentences} sentences in {seconds:7.2f} s: {sent:8.1f} sentences/s "
+    print(f"{name:<27} {args.sentences} sentences in {seconds:7.2f} s: {sent:8.1f} sentences/s "
           f"{sent * (args.tgt_len + 1):9.0f} target tokens/s")
 
 
@@ -185,12 +341,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.setup_peer:
         setup_peer()
         return
+    if args.system == "ct2":  # before importing torch, so that its memory is CTranslate2's alone
+        print(json.dumps({"seconds": measure_ct2(args), "peak_rss_mib": self_peak_rss_mib()}))
+        return
     import torch
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.system == "hf":
         print(json.dumps({"seconds": measure_hf(args)}))
+        return
+    if args.system != "all":  # a system of the fairseq comparison, inside the peer environment
+        if args.system == "fairseq-checkpoint":
+            make_fairseq_checkpoint(args)
+            print(json.dumps({}))
+            return
+        print(json.dumps({"seconds": measure_fairseq(args), "peak_rss_mib": self_peak_rss_mib()}))
         return
     print(f"# {args.arch} sizes, vocab {args.vocab}, {args.sentences} sentences, batch {args.batch_size}, "
           f"beam {args.beam}, {args.tgt_len}+1 target tokens each, {args.device} {args.precision}, "
@@ -205,6 +371,17 @@ def main(argv: list[str] | None = None) -> None:
     report(f"hf beam{args.beam}", args, theirs)
     if not isinstance(theirs, str):
         print(f"ratio nmt/hf beam{args.beam}: {theirs / ours:.2f}x sentences/s")
+    if args.fairseq_peers and not args.skip_peer:
+        same_weights = fairseq_peers(args, argv)
+        for name, seconds in same_weights.items():
+            report(name, args, seconds)
+        peers = {name: seconds for name, seconds in same_weights.items() if not name.startswith("nmt") and not isinstance(seconds, str)}
+        if not isinstance(theirs, str):
+            peers[f"hf beam{args.beam}"] = theirs
+        if peers:
+            best = min(peers, key=peers.get)
+            nmt_seconds = same_weights.get(f"nmt beam{args.beam}, fairseq weights", ours)
+            print(f"ratio nmt / best peer ({best}): {peers[best] / nmt_seconds:.2f}x sentences/s")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Training throughput: target tokens/s and peak memory, nmt vs torch.nn.Transformer
-(and Hugging Face MarianMTModel when `transformers` is importable), same configuration,
-batches and precision, in one process.
+(and Hugging Face MarianMTModel and fairseq's TransformerModel when importable here or
+in benchmarks/.venv), same configuration, batches and precision.
 
 Every batch is B sentences of exactly L tokens on both sides (shared vocabulary V).
 nmt runs its real training step (`nmt_cli.train.step.train_update`: collation from a
@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import math
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,11 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
             print_profile(step, device)
         del engine
     return Result("nmt" + (" (compiled)" if args.compile else ""), tps, peak)
+
+
+def process_peak_rss_gib() -> float:
+    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def print_profile(step: Callable[[int], None], device: torch.device) -> None:
@@ -216,15 +222,60 @@ def marian_model(cfg: ModelConfig, vocab: int, max_len: int) -> nn.Module | None
     return Adapter()
 
 
-def bench_in_peer_venv(argv: list[str]) -> Result:
-    """Run the Hugging Face system in benchmarks/.venv (see README: --setup-peer of
-    decode_throughput.py), which has transformers next to the same torch version."""
+def fairseq_model(cfg: ModelConfig, vocab: int) -> nn.Module | None:
+    """fairseq 0.12's TransformerModel with the same sizes, sharing and dropout as nmt's."""
+    try:
+        from fairseq import options
+        from fairseq.data import Dictionary as FairseqDictionary
+        from fairseq.models.transformer import TransformerModel
+    except ImportError:
+        return None
+    flags = ["unused-data-dir", "--task", "translation", "--arch", "transformer",
+             "--encoder-embed-dim", str(cfg.encoder_embed_dim), "--encoder-ffn-embed-dim", str(cfg.encoder_ffn_embed_dim),
+             "--encoder-layers", str(cfg.encoder_layers), "--encoder-attention-heads", str(cfg.encoder_attention_heads),
+             "--decoder-embed-dim", str(cfg.decoder_embed_dim), "--decoder-ffn-embed-dim", str(cfg.decoder_ffn_embed_dim),
+             "--decoder-layers", str(cfg.decoder_layers), "--decoder-attention-heads", str(cfg.decoder_attention_heads),
+             "--dropout", str(cfg.dropout), "--attention-dropout", str(cfg.attention_dropout),
+             "--activation-dropout", str(cfg.activation_dropout)]
+    flags += ["--share-all-embeddings"] if cfg.share_all_embeddings else []
+    flags += ["--share-decoder-input-output-embed"] if cfg.share_decoder_input_output_embed else []
+    flags += ["--encoder-normalize-before", "--decoder-normalize-before"] if cfg.normalize_before else []
+    args = options.parse_args_and_arch(options.get_training_parser(), flags)
+    dictionary = FairseqDictionary()  # <s>, <pad>, </s>, <unk> first, as nmt's
+    for i in range(vocab - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+
+    class Task:  # what build_model reads of a translation task
+        source_dictionary = target_dictionary = dictionary
+
+    model = TransformerModel.build_model(args, Task())
+
+    class Adapter(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+
+        def forward(self, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+            src_lengths = src.ne(PAD_ID).sum(1)
+            return self.inner(src, src_lengths, prev)[0]
+
+    return Adapter()
+
+
+PEER_LABELS = {"hf": "hf MarianMTModel", "fairseq": "fairseq TransformerModel"}
+
+
+def bench_in_peer_venv(argv: list[str], system: str) -> Result | None:
+    """Run one peer system (hf or fairseq) in benchmarks/.venv (benchmarks/setup_peers.sh),
+    which has the peers next to the same torch version."""
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    command = [str(PEER_PYTHON), __file__, *argv, "--systems", "hf", "--machine-readable"]
+    command = [str(PEER_PYTHON), __file__, *argv, "--systems", system, "--machine-readable"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"the hf system failed in {PEER_PYTHON}:\n{proc.stderr[-2000:]}")
+        last = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        print(f"{PEER_LABELS[system]}: failed in {PEER_PYTHON} ({last[0]})")
+        return None
     name, tokens_per_s, peak = proc.stdout.strip().splitlines()[-1].split("\t")
     return Result(name, float(tokens_per_s), float(peak) if peak != "None" else None)
 
@@ -243,13 +294,16 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler)")
     parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--systems", default="nmt,torch,hf", help="comma-separated subset of nmt,torch,hf")
+    parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
+    parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
     args = parser.parse_args()
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     if device.type == "cuda" and args.precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True
     overrides = {"dropout": args.dropout} if args.dropout is not None else {}
+    if args.share_all_embeddings:
+        overrides["share_all_embeddings"] = True
     model_cfg = resolve_config(args.arch, overrides)
     systems = set(args.systems.split(","))
     print(f"# {args.arch}, {device}, {args.precision}, batch {args.batch_size}x{args.seq_len} tokens, vocab {args.vocab}, "
@@ -258,6 +312,8 @@ def main() -> None:
     results: list[Result] = []
     if "nmt" in systems:
         results.append(bench_nmt(args, model_cfg, device))
+        if device.type == "cpu":  # measured first in this process, so the process peak is nmt's
+            results[-1].peak_mem_gib = process_peak_rss_gib()
     if "torch" in systems:
         torch.manual_seed(0)
         results.append(bench_baseline("torch.nn.Transformer", TorchNNSeq2Seq(model_cfg, args.vocab, args.seq_len + 1), args, device))
@@ -266,19 +322,35 @@ def main() -> None:
         if model is not None:
             results.append(bench_baseline("hf MarianMTModel", model, args, device))
         elif PEER_PYTHON.is_file():
-            results.append(bench_in_peer_venv(sys.argv[1:]))
+            peer = bench_in_peer_venv(sys.argv[1:], "hf")
+            results += [peer] if peer is not None else []
         else:
             print("hf MarianMTModel: skipped (transformers not installed)")
+    if "fairseq" in systems:
+        torch.manual_seed(0)
+        model = fairseq_model(model_cfg, args.vocab)
+        if model is not None:
+            results.append(bench_baseline(PEER_LABELS["fairseq"], model, args, device))
+        elif PEER_PYTHON.is_file():
+            peer = bench_in_peer_venv(sys.argv[1:], "fairseq")
+            results += [peer] if peer is not None else []
+        else:
+            print("fairseq TransformerModel: skipped (run benchmarks/setup_peers.sh)")
+    if device.type == "cpu" and args.machine_readable and len(results) == 1:  # a peer process: its peak is its own
+        results[0].peak_mem_gib = process_peak_rss_gib()
     if args.machine_readable:
         for r in results:
             print(f"{r.name}\t{r.tokens_per_s}\t{r.peak_mem_gib}")
         return
+    kind = "GPU memory" if device.type == "cuda" else "process RSS"
     for r in results:
-        memory = f"{r.peak_mem_gib:.2f} GiB peak" if r.peak_mem_gib is not None else "peak memory n/a on CPU"
+        memory = f"{r.peak_mem_gib:.2f} GiB peak {kind}" if r.peak_mem_gib is not None else "peak n/a (measured in a shared process)"
         print(f"{r.name:32s} {r.tokens_per_s:12,.0f} target tok/s   {memory}")
     if len(results) > 1 and results[0].name.startswith("nmt"):
         ratios = ", ".join(f"{results[0].tokens_per_s / r.tokens_per_s:.2f}x {r.name}" for r in results[1:])
         print(f"ratio: nmt = {ratios}")
+        best = max(results[1:], key=lambda r: r.tokens_per_s)
+        print(f"ratio nmt / best peer ({best.name}): {results[0].tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
 
 
 if __name__ == "__main__":

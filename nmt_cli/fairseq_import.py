@@ -15,6 +15,7 @@ The weights map onto `nmt_cli.models.transformer.Transformer` by renaming (see
 
 from __future__ import annotations
 
+import _compat_pickle
 import argparse
 import collections
 import json
@@ -36,16 +37,15 @@ from nmt_cli.models.registry import build_model
 # constructors that run no user code.
 SAFE_GLOBALS: dict[tuple[str, str], Any] = {
     ("collections", "OrderedDict"): collections.OrderedDict,
+    ("collections", "defaultdict"): collections.defaultdict,
     ("argparse", "Namespace"): argparse.Namespace,
     ("torch._utils", "_rebuild_tensor"): torch._utils._rebuild_tensor,
     ("torch._utils", "_rebuild_tensor_v2"): torch._utils._rebuild_tensor_v2,
     ("torch._utils", "_rebuild_parameter"): torch._utils._rebuild_parameter,
     ("torch", "Size"): torch.Size,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("builtins", "slice"): slice,
-    ("builtins", "complex"): complex,
 }
+# Plain builtin types (omegaconf pickles some of them by name, e.g. a node's type hint).
+SAFE_BUILTINS = {t.__name__: t for t in (dict, list, tuple, set, frozenset, slice, complex, int, float, str, bool, bytes)}
 # Modules whose classes become inert records (configuration objects and enums).
 OPAQUE_MODULE_PREFIXES = ("omegaconf", "hydra", "fairseq", "typing", "pathlib", "numpy")
 
@@ -79,6 +79,12 @@ class RestrictedUnpickler(pickle.Unpickler):
     """`pickle.Unpickler` that resolves only allow-listed globals (see the module docstring)."""
 
     def find_class(self, module: str, name: str) -> Any:
+        # Python 2 names (pickle protocol 2 writes `__builtin__.long` and the like).
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        if module == "builtins" and name in SAFE_BUILTINS:
+            return SAFE_BUILTINS[name]
         if (module, name) in SAFE_GLOBALS:
             return SAFE_GLOBALS[(module, name)]
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -226,6 +232,7 @@ def _version(weights: dict[str, torch.Tensor], side: str) -> float:
 class FairseqCheckpoint:
     args: dict[str, Any]  # model and task arguments, flattened
     weights: dict[str, torch.Tensor]  # fairseq parameter names
+    num_updates: int = 0
 
 
 def load_fairseq_checkpoint(path: str | Path) -> FairseqCheckpoint:
@@ -242,7 +249,10 @@ def load_fairseq_checkpoint(path: str | Path) -> FairseqCheckpoint:
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise NmtError(f"not a fairseq checkpoint (no 'model' weights): {path}")
     weights = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
-    return FairseqCheckpoint(read_args(plain(state.get("args")), plain(state.get("cfg")), path), weights)
+    history = plain(state.get("optimizer_history")) or [{}]
+    num_updates = history[-1].get("num_updates") if isinstance(history[-1], dict) else None
+    args = read_args(plain(state.get("args")), plain(state.get("cfg")), path)
+    return FairseqCheckpoint(args, weights, int(num_updates or 0))
 
 
 # ---------------------------------------------------------------------------
@@ -280,15 +290,14 @@ def upgrade_legacy_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Te
 IGNORED_SUFFIXES = (".version", "embed_positions._float_tensor", "embed_positions.weights")
 
 
-def convert_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def convert_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, origin: Path) -> dict[str, torch.Tensor]:
     """fairseq TransformerModel weights -> our Transformer's state dict (float32).
 
     Everything is a renaming except the attention projections, which our model fuses:
-    `self_attn.in_proj` = [q; k; v] and `encoder_attn.kv_proj` = [k; v].
+    `self_attn.in_proj` = [q; k; v] and `encoder_attn.kv_proj` = [k; v]. A missing
+    weight, or one left over (an option we do not model), is an NmtError naming `origin`.
     """
     source = {k: v for k, v in upgrade_legacy_names(weights).items() if not k.endswith(IGNORED_SUFFIXES)}
-    if "decoder.output_projection.weight" not in source and "decoder.embed_tokens.weight" in source:
-        source["decoder.output_projection.weight"] = source["decoder.embed_tokens.weight"]
     if cfg.share_all_embeddings and "decoder.embed_tokens.weight" not in source:
         source["decoder.embed_tokens.weight"] = source.get("encoder.embed_tokens.weight")
     if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
@@ -299,7 +308,7 @@ def convert_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> di
     def take(*names: str) -> torch.Tensor:
         missing = [n for n in names if source.get(n) is None]
         if missing:
-            raise KeyError(missing[0])
+            raise NmtError(f"{origin}: fairseq weight {missing[0]} is missing")
         used.update(names)
         tensors = [source[n] for n in names]
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
@@ -317,7 +326,7 @@ def convert_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> di
         out[key] = value.float() if value.is_floating_point() else value
     unused = sorted(set(source) - used)
     if unused:
-        raise ValueError(unused[0])
+        raise NmtError(f"{origin}: weight {unused[0]} belongs to a fairseq option nmt does not support")
     return out
 
 
@@ -403,28 +412,19 @@ def import_fairseq(cfg: ImportConfig) -> Path:
     _check_vocab_size(loaded.weights, "decoder", tgt_dict, tgt_dict_path, cfg.checkpoint)
     if model_cfg.share_all_embeddings and src_dict != tgt_dict:
         raise NmtError(f"{cfg.checkpoint} shares all embeddings but {src_dict_path} and {tgt_dict_path} differ")
-    try:
-        weights = convert_state_dict(loaded.weights, model_cfg)
-    except KeyError as error:
-        raise NmtError(f"{cfg.checkpoint}: fairseq weight {error.args[0]} is missing") from None
-    except ValueError as error:
-        raise NmtError(f"{cfg.checkpoint}: weight {error.args[0]} belongs to an option nmt does not support") from None
+    weights = convert_state_dict(loaded.weights, model_cfg, cfg.checkpoint)
     model = build_model(model_cfg, len(src_dict), len(tgt_dict))
     check_state_dict_fits(model, weights, cfg.checkpoint)
     model.load_state_dict(weights)
     if cfg.bpe_codes is not None and not cfg.bpe_codes.is_file():
         raise NmtError(f"BPE codes not found: {cfg.bpe_codes}")
-
-    out = cfg.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src_dict_path, out / src_dict_path.name)
-    if tgt_dict_path != src_dict_path:
-        shutil.copyfile(tgt_dict_path, out / tgt_dict_path.name)
+    for path in (src_dict_path, tgt_dict_path):
+        shutil.copyfile(path, _prepared(cfg.out_dir) / path.name)
     if cfg.bpe_codes is not None:
-        shutil.copyfile(cfg.bpe_codes, out / "bpe.codes")
+        shutil.copyfile(cfg.bpe_codes, cfg.out_dir / "bpe.codes")
     meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint)
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    checkpoint_path = out / "checkpoint.pt"
+    (cfg.out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    checkpoint_path = cfg.out_dir / "checkpoint.pt"
     save_checkpoint(
         {
             "format_version": FORMAT_VERSION,
@@ -434,12 +434,20 @@ def import_fairseq(cfg: ImportConfig) -> Path:
             "target_lang": tgt_lang,
             "src_dict": src_dict,
             "tgt_dict": tgt_dict,
-            "num_updates": int(loaded.args.get("num_updates") or 0),
+            "num_updates": loaded.num_updates,
             "epoch": 0,
         },
         checkpoint_path,
     )
     return checkpoint_path
+
+
+def _prepared(directory: Path) -> Path:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise NmtError(f"cannot create {directory}: {error.strerror}") from None
+    return directory
 
 
 def infer_language_pair(data_bin: Path) -> tuple[str | None, str | None]:

@@ -56,7 +56,8 @@ fi
 HYP=$WORK/test.hyp.de
 if [ ! -f "$HYP" ]; then
     say "translate $RAW/test.en -> $HYP"
-    nmt translate --path "$AVG" --input "$RAW/test.en" --output "$HYP.tmp" --beam 4 --lenpen 0.6
+    nmt translate --path "$AVG" --input "$RAW/test.en" --output "$HYP.tmp" \
+        --beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50
     mv "$HYP.tmp" "$HYP"
 fi
 

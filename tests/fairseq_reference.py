@@ -8,9 +8,11 @@ writes what fairseq computes with it as JSON:
     python fairseq_reference.py SPEC.json OUT.json
 
 SPEC keys: workdir, src_lang, tgt_lang, train/valid/test (each {"src": [...], "tgt": [...]}
-raw lines), bpe_merges, arch, train_flags (extra fairseq-train flags), max_update,
-beam, lenpen, max_len_a, max_len_b, score_pairs (how many test pairs to teacher-force),
-dict_probe (lines of a dict.txt to load with fairseq's Dictionary).
+raw lines), bpe_merges, variants (a list of {"name", "arch", "train_flags"}: fairseq-train
+architecture and extra flags), max_update, beam, lenpen, max_len_a, max_len_b,
+score_pairs (how many test pairs to teacher-force), dict_probe (lines of a dict.txt to
+load with fairseq's Dictionary), bpe_probe (tokenized lines to segment with subword-nmt),
+bpe_v01_codes (a headerless codes file's text, segmented with the version 0.1 rules).
 """
 
 from __future__ import annotations
@@ -51,22 +53,23 @@ def tokenize_and_bpe(spec: dict, work: Path) -> Path:
     return codes
 
 
-def preprocess_and_train(spec: dict, work: Path) -> Path:
+def preprocess_and_train(spec: dict, variant: dict, work: Path, out: Path) -> Path:
+    """fairseq-preprocess and fairseq-train of one variant into `out`; returns checkpoint_last.pt."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq_cli import preprocess, train
 
-    data_bin, save_dir = work / "data-bin", work / "checkpoints"
+    data_bin, save_dir = out / "data-bin", out / "checkpoints"
     parser = options.get_preprocessing_parser()
     langs = ["--source-lang", spec["src_lang"], "--target-lang", spec["tgt_lang"]]
-    joined = ["--joined-dictionary"] if "--share-all-embeddings" in spec["train_flags"] else []
+    joined = ["--joined-dictionary"] if "--share-all-embeddings" in variant["train_flags"] else []
     preprocess.main(parser.parse_args(langs + joined + [
         "--trainpref", str(work / "train.bpe"), "--validpref", str(work / "valid.bpe"),
         "--destdir", str(data_bin), "--workers", "1",
     ]))
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, input_args=[
-        str(data_bin), "--arch", spec["arch"], *spec["train_flags"],
+        str(data_bin), "--arch", variant["arch"], *variant["train_flags"],
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.003",
         "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "40",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
@@ -172,6 +175,28 @@ def legacy_variant(checkpoint: Path, out: Path) -> None:
                out, _use_new_zipfile_serialization=False)
 
 
+# Fields of fairseq's TransformerConfig `encoder`/`decoder` groups (hydra-style configs nest them).
+GROUP_FIELDS = ("embed_path", "embed_dim", "ffn_embed_dim", "layers", "attention_heads", "normalize_before",
+                "learned_pos", "layerdrop", "layers_to_keep", "input_dim", "output_dim")
+
+
+def dictconfig_variant(checkpoint: Path, out: Path) -> None:
+    """Re-save a checkpoint with its cfg as an omegaconf DictConfig whose model nests encoder/decoder groups."""
+    from omegaconf import OmegaConf
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    flat = {k: v for k, v in vars(state["cfg"]["model"]).items() if v is None or isinstance(v, (bool, int, float, str))}
+    model = {"_name": flat.pop("_name"), "encoder": {}, "decoder": {}}
+    for key, value in flat.items():
+        side, _, field = key.partition("_")
+        if side in ("encoder", "decoder") and field in GROUP_FIELDS:
+            model[side][field] = value
+        else:
+            model[key] = value
+    cfg = OmegaConf.create({"model": model, "task": {"_name": "translation", "source_lang": "de", "target_lang": "en"}})
+    torch.save({"args": None, "cfg": cfg, "model": state["model"]}, out)
+
+
 def probe_dictionary(lines: list[str], work: Path) -> list[str]:
     from fairseq.data import Dictionary
 
@@ -186,6 +211,28 @@ def log_time(stage: str, start: float) -> float:
     return now
 
 
+def reference_for_variant(spec: dict, variant: dict, work: Path, codes: Path) -> dict:
+    """Train one variant and record fairseq's teacher-forced log-probs and beams with it."""
+    start = time.perf_counter()
+    out = work / variant["name"]
+    checkpoint = preprocess_and_train(spec, variant, work, out)
+    start = log_time(f"{variant['name']}: preprocess and train", start)
+    legacy = out / "checkpoints" / "legacy.pt"
+    legacy_variant(checkpoint, legacy)
+    dictconfig_variant(checkpoint, out / "checkpoints" / "dictconfig.pt")
+    test, n = spec["test"], spec["score_pairs"]
+    result = {"checkpoint": str(checkpoint), "legacy_checkpoint": str(legacy), "data_bin": str(out / "data-bin"),
+              "dictconfig_checkpoint": str(out / "checkpoints" / "dictconfig.pt")}
+    hub = load_hub(checkpoint, out / "data-bin", codes, spec)
+    result["src_dict"], result["tgt_dict"] = list(hub.src_dict.symbols), list(hub.tgt_dict.symbols)
+    result["teacher_forced"] = teacher_forced(hub, test["src"][:n], test["tgt"][:n])
+    result["beam"] = beam_search(hub, spec, test["src"])
+    legacy_hub = load_hub(legacy, out / "data-bin", codes, spec)
+    result["legacy_teacher_forced"] = teacher_forced(legacy_hub, test["src"][:n], test["tgt"][:n])
+    log_time(f"{variant['name']}: teacher forcing and beam search", start)
+    return result
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     work = Path(spec["workdir"])
@@ -194,27 +241,21 @@ def main() -> None:
     torch.set_num_threads(1)
     start = time.perf_counter()
     codes = tokenize_and_bpe(spec, work)
-    start = log_time("tokenize and learn BPE", start)
-    checkpoint = preprocess_and_train(spec, work)
-    start = log_time("preprocess and train", start)
-    legacy = work / "checkpoints" / "legacy.pt"
-    legacy_variant(checkpoint, legacy)
-    test = spec["test"]
-    n = spec["score_pairs"]
-    result = {"checkpoint": str(checkpoint), "legacy_checkpoint": str(legacy), "data_bin": str(work / "data-bin"),
-              "bpe_codes": str(codes)}
-    hub = load_hub(checkpoint, work / "data-bin", codes, spec)
-    result["src_dict"], result["tgt_dict"] = list(hub.src_dict.symbols), list(hub.tgt_dict.symbols)
-    result["teacher_forced"] = teacher_forced(hub, test["src"][:n], test["tgt"][:n])
-    start = log_time("load and teacher-force", start)
-    result["beam"] = beam_search(hub, spec, test["src"])
-    start = log_time("beam search", start)
-    legacy_hub = load_hub(legacy, work / "data-bin", codes, spec)
-    result["legacy_teacher_forced"] = teacher_forced(legacy_hub, test["src"][:n], test["tgt"][:n])
+    log_time("tokenize and learn BPE", start)
     with open(codes, encoding="utf-8") as f:
         bpe = apply_bpe.BPE(f)
-    result["bpe_probe"] = {line: bpe.process_line(line) for line in spec.get("bpe_probe", [])}
-    result["dict_probe"] = probe_dictionary(spec["dict_probe"], work) if spec.get("dict_probe") else None
+    old_codes = work / "bpe_v01.codes"  # headerless codes: subword-nmt's version 0.1 rules
+    old_codes.write_text(spec["bpe_v01_codes"], encoding="utf-8")
+    with open(old_codes, encoding="utf-8") as f:
+        old_bpe = apply_bpe.BPE(f)
+    result = {
+        "bpe_codes": str(codes),
+        "bpe_probe": {line: bpe.process_line(line) for line in spec["bpe_probe"]},
+        "bpe_v01_codes": str(old_codes),
+        "bpe_v01_probe": {line: old_bpe.process_line(line) for line in spec["bpe_probe"]},
+        "dict_probe": probe_dictionary(spec["dict_probe"], work),
+        "variants": {v["name"]: reference_for_variant(spec, v, work, codes) for v in spec["variants"]},
+    }
     Path(sys.argv[2]).write_text(json.dumps(result), encoding="utf-8")
 
 

@@ -50,6 +50,16 @@ def test_loss_matches_naive_reference(eps: float) -> None:
     assert nll.item() == pytest.approx(ref_nll, rel=1e-6)
 
 
+def test_formula_used_under_torch_compile_matches_reference(monkeypatch) -> None:
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    B, T, V = 2, 4, 7
+    logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    target = target_with_pads(B, T, V, seed=6)
+    loss, nll = label_smoothed_nll_loss(logits, target, 0.1, PAD)
+    ref_loss, ref_nll = naive_loss(logits, target, 0.1)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-6) and nll.item() == pytest.approx(ref_nll, rel=1e-6)
+
+
 def test_gradient_matches_autograd_of_direct_formula(monkeypatch) -> None:
     # Small chunks so the chunked loops run several times.
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 23)

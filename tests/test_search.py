@@ -216,7 +216,8 @@ def adjust_reference(row: list[float], tokens: list[int], step: int, max_len: in
 
 @pytest.mark.parametrize("beam", [1, 2, 3, 5])
 @pytest.mark.parametrize("overrides", [{}, {"lenpen": 0.6, "lenpen_style": "gnmt", "min_len": 2}, {"no_repeat_ngram_size": 2, "unk_penalty": 0.5}])
-def test_batched_beam_search_matches_plain_reference(beam, overrides):
+@pytest.mark.parametrize("lagged_sync", [False, True])
+def test_batched_beam_search_matches_plain_reference(beam, overrides, lagged_sync):
     model = RandomDecoder(vocab=12, eos_bias=0.4)
     # Different source lengths give different maximum lengths within one batch.
     src_tokens = torch.full((6, 6), PAD_ID)
@@ -225,7 +226,7 @@ def test_batched_beam_search_matches_plain_reference(beam, overrides):
         src_tokens[i, : n - 1] = 10 + i
         src_tokens[i, n - 1] = EOS_ID
     cfg = DecodeConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=2, **overrides)
-    got = generate(model, src_tokens, cfg, max_target_positions=1024)
+    got = generate(model, src_tokens, cfg, max_target_positions=1024, lagged_sync=lagged_sync)
     for i, n in enumerate(lengths):
         expected = reference_beam(model, 10 + i, n, cfg)
         assert [h.tokens for h in got[i]] == [e[0] for e in expected], f"sentence {i}"
@@ -236,12 +237,18 @@ def test_batched_beam_search_matches_plain_reference(beam, overrides):
             assert sum(h.positional_scores) / divisor == pytest.approx(h.score, abs=1e-5)
 
 
-def test_batched_equals_one_sentence_at_a_time_and_finished_sentences_leave_the_batch():
+@pytest.mark.parametrize("lagged_sync", [False, True])
+def test_batched_equals_one_sentence_at_a_time_and_finished_sentences_leave_the_batch(lagged_sync):
     model = RandomDecoder(vocab=16, eos_bias=0.5)
     src_tokens = src(*range(20, 28), length=4)
     cfg = DecodeConfig(beam=4, nbest=4, max_len_b=12)
-    batched = generate(model, src_tokens, cfg, max_target_positions=1024)
+    batched = generate(model, src_tokens, cfg, max_target_positions=1024, lagged_sync=lagged_sync)
     assert model.batch_sizes[0] == 8 * 4 and model.batch_sizes[-1] < 8 * 4
+    # Each step runs only the sentences not yet done; lagged, they leave one step later.
+    immediate = RandomDecoder(vocab=16, eos_bias=0.5)
+    generate(immediate, src_tokens, cfg, 1024, lagged_sync=False)
+    expected = [32] + immediate.batch_sizes if lagged_sync else immediate.batch_sizes
+    assert model.batch_sizes == expected
     for i in range(8):
         (alone,) = generate(model, src_tokens[i : i + 1], cfg, max_target_positions=1024)
         assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]

@@ -34,6 +34,7 @@ from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import parse_duration
 from nmt_cli.train.saving import files_to_prune
 from nmt_cli.train.step import build_engine, train_update
+from nmt_cli.train.window import Window
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
@@ -97,11 +98,12 @@ def test_tiny_model_learns_reversal(tmp_path: Path, data_bin: Path) -> None:
 # --- accumulation and DDP ----------------------------------------------------------------
 
 
-def make_engine(data_bin: Path, update_freq: int):
+def make_engine(data_bin: Path, update_freq: int, precision: str = "fp32"):
     # adam_eps 1e-6: with 1e-9, Adam turns rounding noise in gradients that are zero in
     # exact arithmetic (attention key biases) into full-size steps, which no tolerance absorbs.
     cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", update_freq=update_freq,
-                      lr=1e-2, lr_scheduler="fixed", label_smoothing=0.1, adam_eps=1e-6)
+                      lr=1e-2, lr_scheduler="fixed", label_smoothing=0.1, adam_eps=1e-6,
+                      precision=precision)
     model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})
     data = load_data_bin(data_bin)
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -241,6 +243,51 @@ def test_out_of_memory_update_is_skipped(tmp_path: Path, data_bin: Path, monkeyp
     monkeypatch.setattr(trainer_module, "train_update", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError()))
     result = CliRunner().invoke(main, ["train", str(data_bin), "--save-dir", str(tmp_path / "run2"), *TINY])
     assert result.exit_code == 1 and "error: out of GPU memory 5 updates in a row" in result.stderr
+
+
+def test_fp16_overflow_skips_the_step_and_is_counted(data_bin: Path) -> None:
+    engine, split = make_engine(data_bin, update_freq=1, precision="fp16")
+    # A loss scale so large that the scaled gradients overflow: the scaler must skip the step.
+    engine.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**120)
+    before = [p.detach().clone() for p in engine.model.parameters()]
+    batch = np.arange(0, 8)
+    stats = train_update(engine, split, [batch], batch, int(split.tgt_sizes[batch].sum()), 0)
+    assert not torch.isfinite(stats.grad_norm)
+    assert all(torch.equal(p, q) for p, q in zip(engine.model.parameters(), before))
+    assert engine.scaler.get_scale() == 2.0**119
+    window = Window.start(torch.device("cpu"))
+    window.add(stats, 10, 1, fp16=True)
+    stats = train_update(engine, split, [batch], batch, int(split.tgt_sizes[batch].sum()), 1)
+    window.add(stats, 10, 2, fp16=True)
+    totals = window.totals(engine.dist)
+    assert totals.overflows == 2 and totals.grad_norm == 0.0  # both skipped: no finite norm to average
+    window.raise_if_not_finite(fp16=True, dist=engine.dist)  # overflows are not errors in fp16
+
+
+def test_bf16_training_runs_on_cpu(tmp_path: Path, data_bin: Path) -> None:
+    result = run_cli([data_bin, "--save-dir", tmp_path / "run", *TINY, "--precision", "bf16", "--max-update", "5"])
+    assert result.exit_code == 0, result.output
+    assert all(np.isfinite(r["loss"]) for r in records(tmp_path / "run", "train"))
+
+
+def test_finetune_from_and_reset_optimizer(tmp_path: Path, data_bin: Path) -> None:
+    first = tmp_path / "first"
+    assert run_cli([data_bin, "--save-dir", first, *TINY, "--max-update", "3"]).exit_code == 0
+    tuned = tmp_path / "tuned"
+    # A vanishing learning rate: one update leaves the fine-tuned weights where they started.
+    result = run_cli([data_bin, "--save-dir", tuned, *TINY, "--max-update", "1", "--lr-scheduler", "fixed",
+                      "--lr", "1e-20", "--finetune-from", first / "checkpoint_last.pt"])
+    assert result.exit_code == 0 and "fine-tuning from the weights of" in result.stderr
+    state = load_checkpoint(tuned / "checkpoint_last.pt")
+    assert state["num_updates"] == 1
+    for (name, p), q in zip(state["model"].items(), final_weights(first).values()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12, msg=name)
+    # --reset-optimizer keeps weights and progress, drops the Adam moments.
+    result = run_cli([data_bin, "--save-dir", first, *TINY, "--max-update", "4", "--reset-optimizer"])
+    assert result.exit_code == 0 and "--reset-optimizer: fresh optimizer state" in result.stderr
+    resumed = load_checkpoint(first / "checkpoint_last.pt")
+    assert resumed["num_updates"] == 4
+    assert all(int(s["step"]) == 1 for s in resumed["optimizer"]["state"].values())
 
 
 # --- bad input --------------------------------------------------------------------------

@@ -35,3 +35,6 @@ def import_fairseq(checkpoint: Path, dict_dir: Path, out_dir: Path, bpe_codes: P
     """
     path = run_import(ImportConfig(checkpoint, dict_dir, out_dir, bpe_codes, source_lang, target_lang))
     click.echo(f"wrote {path}", err=True)
+    if bpe_codes is None:
+        click.echo("note: no --bpe-codes, so the run applies no BPE: translate pre-segmented text "
+                   "(--input-format bpe), and with a BPE model read the output with --output-format bpe", err=True)

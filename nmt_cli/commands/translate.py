@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import BinaryIO
@@ -138,6 +139,7 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     torch.manual_seed(cfg.decode.seed)
     translator = Translator(cfg, warn=lambda message: click.echo(message, err=True))
     source_name = "<stdin>" if input_path == "-" else input_path
+    started, lines_done = time.monotonic(), 0
     with ExitStack() as stack:
         source = stack.enter_context(_open_input(input_path))
         sink = stack.enter_context(_open_output(output_path))
@@ -147,8 +149,12 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
                 sink.write((translator.format(translation) + "\n").encode("utf-8"))
             sink.flush()
             advance(len(group))
+            lines_done += len(group)
             if read_error is not None:
                 raise read_error
+    if not cfg.quiet and sys.stderr.isatty():
+        seconds = time.monotonic() - started
+        click.echo(f"translated {lines_done} lines in {seconds:.1f} s ({lines_done / max(seconds, 1e-9):.1f} lines/s)", err=True)
 
 
 @contextmanager

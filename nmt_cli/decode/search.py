@@ -224,11 +224,16 @@ def generate(
     cfg: DecodeConfig,
     max_target_positions: int,
     generator: torch.Generator | None = None,
+    lagged_sync: bool | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src_tokens (B, S) right-padded with `<pad>`, each ending in `</s>`.
 
     Returns, per sentence in input order, its best `cfg.nbest` hypotheses, best first.
     `generator` seeds sampling (fairseq's --sampling); beam search is deterministic.
+    The one host sync per step asks which sentences are done. With `lagged_sync`
+    (default: on for CUDA) the host reads the previous step's answer, so it never
+    waits for the step the device is computing; done sentences are masked until
+    they leave the batch one step later. Results are the same either way.
     """
     B0, K = src_tokens.size(0), cfg.beam
     device = src_tokens.device
@@ -243,6 +248,7 @@ def generate(
     encoder_out = model.encode(src_tokens)
     encoder_out = model.reorder_encoder_out(encoder_out, torch.arange(B0, device=device).repeat_interleave(K))
     cache: dict[str, Any] = {}
+    lagged_sync = device.type == "cuda" if lagged_sync is None else lagged_sync
     pending: _HostCopy | None = None  # last step's `done` flags, on their way to the host
     for step in range(L - 1):
         B = state.cum_scores.size(0)
@@ -260,19 +266,15 @@ def generate(
         finish_hypotheses(state, cands, lprobs, step, cfg)
         state.done = state.done | state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
         rows = advance_beams(state, cands, lprobs, step, K)
-        # The host learns which sentences are done one step late, so that it never waits
-        # for the step the device is computing; done sentences are masked meanwhile.
-        if pending is not None:
-            keep = pending.get().logical_not().nonzero().squeeze(1).to(device)
+        done = pending if lagged_sync else _HostCopy(state.done)
+        if done is not None:
+            keep = done.get().logical_not().nonzero().squeeze(1).to(device)
             if keep.numel() == 0:
                 break
             if keep.numel() < B:
                 _store_finished(results, state)
-                rows = rows.view(B, K)[keep].view(-1)
-                state = state.select(keep, K)
-                sentence_rows = (keep.unsqueeze(1) * K + torch.arange(K, device=device)).view(-1)
-                encoder_out = model.reorder_encoder_out(encoder_out, sentence_rows)
-        pending = _HostCopy(state.done)
+                state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
+        pending = _HostCopy(state.done) if lagged_sync else None
         model.reorder_cache(cache, rows)
     _store_finished(results, state)
     return _best_hypotheses(results, cfg.nbest)
@@ -295,6 +297,16 @@ class _HostCopy:
         if self.event is not None:
             self.event.synchronize()
         return self.host
+
+
+def _drop_done(
+    model: IncrementalDecoder, state: BeamState, rows: Tensor, encoder_out: Any, keep: Tensor, K: int
+) -> tuple[BeamState, Tensor, Any]:
+    """Keep only sentences `keep`: their state, their cache rows and their encoder output."""
+    B = state.cum_scores.size(0)
+    sentence_rows = (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).view(-1)
+    encoder_out = model.reorder_encoder_out(encoder_out, sentence_rows)
+    return state.select(keep, K), rows.view(B, K)[keep].view(-1), encoder_out
 
 
 def _store_finished(results: BeamState, state: BeamState) -> None:

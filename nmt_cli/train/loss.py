@@ -10,9 +10,10 @@ i.e. the target keeps probability mass 1 - eps and every other symbol gets eps /
 (fairseq's current formula). Pad positions contribute nothing. Losses are *sums* over
 tokens; the trainer divides by the number of target tokens of the whole update.
 
-The computation never materialises a float32 copy of the (B, T, V) logits: it works in
-float32 on row chunks and recomputes the softmax in the backward pass, so under bf16
-autocast the only (B, T, V) tensors are the bf16 logits and their bf16 gradient.
+In eager mode the computation never materialises a float32 copy of the (B, T, V) logits:
+it works in float32 on row chunks and recomputes the softmax in the backward pass, so
+under bf16 autocast the only (B, T, V) tensors are the bf16 logits and their bf16
+gradient. Under torch.compile the plain formula is used and the compiler fuses it.
 """
 
 from __future__ import annotations
@@ -79,7 +80,14 @@ def label_smoothed_nll_loss(
     target = target.reshape(-1)  # (N,)
     eps_i = epsilon / (V - 1) if V > 1 else 0.0
     weight_nll, weight_smooth = 1.0 - epsilon - eps_i, eps_i
-    nll, smooth = _SmoothedCrossEntropy.apply(logits, target)
+    if torch.compiler.is_compiling():
+        # The compiler fuses the plain formula into a few kernels without float32 copies,
+        # and a chunk loop would make it recompile for every batch size.
+        log_probs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+        nll = -log_probs.gather(1, target.unsqueeze(1)).squeeze(1)
+        smooth = -log_probs.sum(dim=-1)
+    else:
+        nll, smooth = _SmoothedCrossEntropy.apply(logits, target)
     mask = (target != ignore_index).float()  # (N,)
     nll, smooth = nll * mask, smooth * mask
     loss = weight_nll * nll.sum() + weight_smooth * smooth.sum()

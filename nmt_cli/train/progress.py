@@ -24,10 +24,10 @@ class MetricsLog:
     def __init__(self, path: Path, enabled: bool, keep_records: int) -> None:
         self.path = path
         self.enabled = enabled
+        self.missing_records = 0  # records the checkpoint expects but the file lacks
         if enabled:
             lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
-            if len(lines) < keep_records:
-                raise NmtError(f"{path} has {len(lines)} records but the checkpoint expects {keep_records}")
+            self.missing_records = max(0, keep_records - len(lines))
             try:
                 path.write_text("".join(lines[:keep_records]), encoding="utf-8")
             except OSError as error:

@@ -141,8 +141,8 @@ def train_update(
     params = [p for p in engine.model.parameters() if p.grad is not None]
     if scaler is not None:
         scaler.unscale_(optimizer)
-    if cfg.clip_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm)
+    if cfg.clip_norm > 0 or not hasattr(torch.nn.utils, "get_total_norm"):  # the latter: torch < 2.6
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
     else:
         grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if scaler is not None:

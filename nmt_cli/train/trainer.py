@@ -66,6 +66,8 @@ class Trainer:
         if dist.is_main:
             prepare_run_dir(self.save_dir, self.data, cfg, model_cfg)
         self.log = MetricsLog(self.save_dir / LOG_NAME, dist.is_main, self.progress.log_records)
+        if self.log.missing_records:
+            self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
         self.window = Window.start(self.engine.device)
@@ -96,6 +98,8 @@ class Trainer:
                 if engine.scaler is not None and resume.get("scaler"):
                     engine.scaler.load_state_dict(resume["scaler"])
             restore_rng(resume["rng"])
+            if cfg.finetune_from:
+                self.reporter.info(f"--finetune-from ignored: {self.save_dir / LAST} exists")
             self.reporter.info(f"resumed from {self.save_dir / LAST} at update {progress.num_updates}, epoch {progress.epoch}")
             return progress
         if cfg.finetune_from:
@@ -170,7 +174,7 @@ class Trainer:
             stats = train_update(self.engine, self.train_split, shares, fallback, ntokens, self.progress.num_updates)
             self.consecutive_oom = 0
             return stats
-        except torch.OutOfMemoryError:
+        except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError in torch >= 2.5
             if self.dist.world_size > 1:
                 raise NmtError(f"out of GPU memory at update {self.progress.num_updates + 1}; lower --max-tokens") from None
             self.engine.optimizer.zero_grad(set_to_none=True)
