@@ -25,10 +25,17 @@ constraints="$venv/constraints.txt"
 echo "torch==$torch_version" > "$constraints"
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check -c "$constraints")
 
+# fairseq pulls torchaudio, whose compiled library fits another torch; translation never
+# imports it, but transformers does when it is installed (and then fails to load).
+if "$venv/bin/python" -m pip show torchaudio > /dev/null 2>&1; then
+    say "removing torchaudio (built for another torch; only fairseq's speech tasks use it)"
+    "$venv/bin/python" -m pip uninstall -y torchaudio
+fi
+
 say "installing transformers, ctranslate2==$ctranslate2_version, sentencepiece (torch pinned)"
 "${pip[@]}" transformers "ctranslate2==$ctranslate2_version" sentencepiece
 
-check="import fairseq, transformers, ctranslate2, sentencepiece, sacremoses, torch"
+check="import fairseq, fairseq.sequence_generator, ctranslate2, sentencepiece, sacremoses, torch, transformers; from transformers import MarianMTModel"
 say "checking: $check"
 "$venv/bin/python" -c "$check; print('torch', torch.__version__, '| fairseq', fairseq.__version__, '| transformers', transformers.__version__, '| ctranslate2', ctranslate2.__version__)"
 say "done: $venv"

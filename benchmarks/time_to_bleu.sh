@@ -7,13 +7,14 @@
 # --max-tokens 4096; decoding beam 4, lenpen 0.6; scored with sacreBLEU on raw text.
 #
 #   benchmarks/time_to_bleu.sh [--budget SECONDS] [--systems "nmt fairseq"] [--data-dir DIR] [--work-dir DIR]
-#                              [--device cpu|cuda] [--precision fp32|bf16]
+#                              [--device cpu|cuda] [--precision fp32|bf16] [--test-lines N]
 #
 # Defaults: 900 s per system (the two run one after the other), ../shared/data from the
 # repository root, a temporary work directory. fairseq runs from benchmarks/.venv
 # (benchmarks/setup_peers.sh). Each system stops training early enough to leave
 # --decode-reserve seconds (default 60) for translating and scoring the test set.
-# With --device cuda fairseq trains with --fp16 (its --bf16 means TPU).
+# With --device cuda fairseq trains with --fp16 (its --bf16 means TPU). --test-lines N scores
+# only the first N test sentences (a quick check that the script runs; not a result).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +27,7 @@ work_dir=""
 device=cpu
 precision=fp32
 threads=2
+test_lines=0
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -37,7 +39,8 @@ while [ $# -gt 0 ]; do
         --device) device="$2"; shift 2 ;;
         --precision) precision="$2"; shift 2 ;;
         --threads) threads="$2"; shift 2 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        --test-lines) test_lines="$2"; shift 2 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -49,6 +52,13 @@ if [ -z "$work_dir" ]; then
     trap 'rm -rf "$work_dir"' EXIT
 fi
 mkdir -p "$work_dir"
+# The test set both systems translate (all of test2016 unless --test-lines).
+test_prefix="$corpus/test"
+if [ "$test_lines" -gt 0 ]; then
+    test_prefix="$work_dir/test"
+    head -n "$test_lines" "$corpus/test.en" > "$test_prefix.en"
+    head -n "$test_lines" "$corpus/test.de" > "$test_prefix.de"
+fi
 peer_python="$here/.venv/bin/python"
 peer_bin="$here/.venv/bin"
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
@@ -62,13 +72,13 @@ seconds_since() { python3 -c "import sys; print(round(float(sys.argv[2]) - float
 # Seconds of training left once what was already spent and the decoding reserve are taken out.
 training_seconds() { python3 -c "import sys; print(max(1, int(float(sys.argv[1]) - (float(sys.argv[3]) - float(sys.argv[2])) - float(sys.argv[4]))))" \
     "$budget" "$1" "$(now)" "$decode_reserve"; }
-bleu() { python3 -m sacrebleu "$corpus/test.de" -i "$1" -b; }
+bleu() { python3 -m sacrebleu "$test_prefix.de" -i "$1" -b; }
 
 run_nmt() {
     local dir="$work_dir/nmt" start; start="$(now)"
     rm -rf "$dir"; mkdir -p "$dir"
     python3 -m nmt_cli preprocess -s en -t de --trainpref "$corpus/train" --validpref "$corpus/valid" \
-        --testpref "$corpus/test" --destdir "$dir/data-bin" --joined-dictionary --bpe-size 8000 --workers 2 \
+        --testpref "$test_prefix" --destdir "$dir/data-bin" --joined-dictionary --bpe-size 8000 --workers 2 \
         > "$dir/preprocess.log" 2>&1
     local seconds; seconds="$(training_seconds "$start")"
     python3 -m nmt_cli train "$dir/data-bin" --arch transformer_small --save-dir "$dir/run" --share-all-embeddings \
@@ -76,7 +86,7 @@ run_nmt() {
         --log-interval 50 > "$dir/train.log" 2>&1
     python3 -m nmt_cli translate --path "$dir/run/checkpoint_last.pt" --beam 4 --lenpen 0.6 \
         --device "$device" --precision "$precision" --threads "$threads" -q \
-        -i "$corpus/test.en" -o "$dir/hyp.de" 2> "$dir/translate.log"
+        -i "$test_prefix.en" -o "$dir/hyp.de" 2> "$dir/translate.log"
     report nmt "$(bleu "$dir/hyp.de")" "$seconds" "$(seconds_since "$start")"
 }
 
@@ -85,15 +95,15 @@ run_fairseq() {
     local dir="$work_dir/fairseq" start; start="$(now)"
     rm -rf "$dir"; mkdir -p "$dir/text"
     # Joint sentencepiece BPE on raw text, applied to every split (fairseq's usual recipe).
-    "$peer_python" - "$corpus" "$dir/text" <<'PY'
+    "$peer_python" - "$corpus" "$dir/text" "$test_prefix" <<'PY'
 import sys, sentencepiece as spm
-corpus, out = sys.argv[1], sys.argv[2]
+corpus, out, test_prefix = sys.argv[1], sys.argv[2], sys.argv[3]
 spm.SentencePieceTrainer.train(input=f"{corpus}/train.en,{corpus}/train.de", model_prefix=f"{out}/spm",
                                vocab_size=8000, model_type="bpe", character_coverage=1.0, minloglevel=2)
 sp = spm.SentencePieceProcessor(model_file=f"{out}/spm.model")
-for split in ("train", "valid", "test"):
+for split, prefix in (("train", f"{corpus}/train"), ("valid", f"{corpus}/valid"), ("test", test_prefix)):
     for lang in ("en", "de"):
-        with open(f"{corpus}/{split}.{lang}", encoding="utf-8") as f, open(f"{out}/{split}.{lang}", "w", encoding="utf-8") as g:
+        with open(f"{prefix}.{lang}", encoding="utf-8") as f, open(f"{out}/{split}.{lang}", "w", encoding="utf-8") as g:
             g.writelines(" ".join(sp.encode(line.rstrip("\n"), out_type=str)) + "\n" for line in f)
 PY
     "$peer_bin/fairseq-preprocess" -s en -t de --trainpref "$dir/text/train" --validpref "$dir/text/valid" \
@@ -121,7 +131,7 @@ report() {  # system bleu training_budget_s total_s
 }
 
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'); $(nproc) cores; load average $(cut -d' ' -f1-3 /proc/loadavg); device $device $precision"
-echo "# Multi30k En->De, test2016 (${corpus}/test), budget ${budget} s per system, work dir $work_dir"
+echo "# Multi30k En->De, test2016 ($([ "$test_lines" -gt 0 ] && echo "first $test_lines lines" || echo "all 1000 lines")), budget ${budget} s per system"
 for system in $systems; do
     case "$system" in
         nmt) run_nmt ;;

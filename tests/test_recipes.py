@@ -44,6 +44,7 @@ def test_quickstart_reduced(tmp_path):
         "BPE_SIZE": "2000",
         "MAX_UPDATE": "30",
         "AVERAGE": "2",
+        "SAVE_INTERVAL_UPDATES": "10",
     }
     first = run_recipe("quickstart.sh", env)
     assert BLEU_LINE.search(first.stdout), first.stdout

@@ -229,12 +229,16 @@ class Transformer(nn.Module):
         """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering)."""
         if not cache:
             return
-        cache["self_kv"] = cache["self_kv"].index_select(0, index)
-        cache["cross_kv"] = cache["cross_kv"].index_select(0, index)
-        cache["cross_mask"] = cache["cross_mask"].index_select(0, index)
+        # Only the filled prefix of the self-attention buffer is copied, not its spare
+        # capacity. Advanced indexing rather than index_select: on CPU it is several
+        # times faster for these 6-d tensors, and on GPU it is the same gather kernel.
+        length = cache["length"]
+        old = cache["self_kv"]
+        new = old.new_empty((index.numel(), *old.shape[1:]))
+        new[:, :, :, :, :length] = old[index, :, :, :, :length]
+        cache["self_kv"] = new
+        cache["cross_kv"] = cache["cross_kv"][index]
+        cache["cross_mask"] = cache["cross_mask"][index]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
-        return EncoderOut(
-            out=encoder_out.out.index_select(0, index),
-            padding_mask=encoder_out.padding_mask.index_select(0, index),
-        )
+        return EncoderOut(out=encoder_out.out[index], padding_mask=encoder_out.padding_mask[index])
