@@ -8,8 +8,8 @@ checkpoint behind and never damages the previous one.
 
 from __future__ import annotations
 
+import glob
 import os
-import pickle
 import re
 import secrets
 import warnings
@@ -23,6 +23,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model
 from nmt_cli.models.transformer import Transformer
+from nmt_cli.staging import process_alive
 
 FORMAT_VERSION = 1
 
@@ -33,6 +34,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temp_files(path)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
@@ -48,6 +50,16 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
         _remove_quietly(tmp)
         raise
     _fsync_directory(path.parent)
+
+
+def remove_stale_temp_files(path: Path) -> None:
+    """Delete `.NAME.PID[.HEX].tmp` files next to `path` left by killed processes (they hold
+    partial checkpoints as large as real ones); those of live processes are theirs to finish."""
+    prefix = f".{path.name}."
+    for candidate in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid_text = candidate.name[len(prefix):].split(".")[0]
+        if pid_text.isdigit() and not process_alive(int(pid_text)):
+            _remove_quietly(candidate)
 
 
 def _remove_quietly(path: Path) -> None:

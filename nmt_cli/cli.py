@@ -7,6 +7,7 @@ becomes one `error: ...` line on stderr and exit status 1.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
@@ -30,6 +31,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "average": ("average", "Average the parameters of several checkpoints."),
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
 }
+
+# OS errors that report the state of the machine (disk full, read-only, no permission).
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM})
 
 
 class LazyGroup(click.Group):
@@ -62,6 +66,13 @@ class LazyGroup(click.Group):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(0)
+        except OSError as error:
+            # A full or read-only disk is the machine's state, not a bug: one line, no traceback.
+            if error.errno not in ENVIRONMENT_ERRNOS:
+                raise
+            location = f": {error.filename}" if error.filename else ""
+            click.echo(f"error: {error.strerror or error}{location}", err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)

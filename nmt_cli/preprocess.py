@@ -95,16 +95,30 @@ def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResu
     if check_destination(cfg.destdir, print_id, cfg.force):
         meta = json.loads((cfg.destdir / "meta.json").read_text(encoding="utf-8"))
         return PreprocessResult(meta, reporter.elapsed(), up_to_date=True)
-    staging = create_staging(cfg.destdir)
+    try:
+        staging = create_staging(cfg.destdir)
+    except OSError as error:
+        raise NmtError(_write_failure(cfg.destdir, error)) from None
     try:
         meta = build_data_bin(cfg, splits, line_counts, staging, reporter)
         meta["fingerprint"] = print_id
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         publish(staging, cfg.destdir)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise NmtError(_write_failure(cfg.destdir, error)) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return PreprocessResult(meta, reporter.elapsed(), up_to_date=False)
+
+
+def _write_failure(destdir: Path, error: OSError) -> str:
+    """One line for an OS error while building the data-bin (a full disk, an unwritable --destdir)."""
+    reason = error.strerror or str(error)
+    if error.filename:
+        return f"preprocessing into --destdir {destdir} failed: {reason}: {error.filename}"
+    return f"cannot write --destdir {destdir}: {reason}"
 
 
 def build_data_bin(

@@ -66,11 +66,11 @@ def remove_dead_leftovers(dest: Path) -> None:
     prefix = f".{dest.name}{PARTIAL}"
     for path in dest.parent.glob(f"{prefix}*"):
         pid_text = path.name[len(prefix):]
-        if pid_text.isdigit() and not _process_alive(int(pid_text)):
+        if pid_text.isdigit() and not process_alive(int(pid_text)):
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

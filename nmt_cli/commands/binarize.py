@@ -22,6 +22,7 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     """
     import os
 
+    from nmt_cli.commands.outputs import make_parent_directory
     from nmt_cli.errors import NmtError
     from nmt_cli.text.parallel import binarize_file
     from nmt_cli.text.progress import StageReporter
@@ -34,12 +35,17 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     if not Path(dict_path).is_file():
         raise NmtError(f"dictionary not found: {dict_path}")
     num_lines = count_lines(source)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    make_parent_directory(prefix)
     reporter = StageReporter()
     partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
-    with JobRunner(workers) as runner:
-        result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter, f"binarize {source}")
-    for suffix in (".bin", ".idx"):
-        os.replace(f"{partial}{suffix}", f"{prefix}{suffix}")
+    try:
+        with JobRunner(workers) as runner:
+            result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter, f"binarize {source}")
+        for suffix in (".bin", ".idx"):
+            os.replace(f"{partial}{suffix}", f"{prefix}{suffix}")
+    except OSError as error:
+        for suffix in (".bin", ".idx"):
+            Path(f"{partial}{suffix}").unlink(missing_ok=True)
+        raise NmtError(f"cannot write {prefix}.bin/.idx: {error.strerror or error}") from None
     unk_rate = 100 * result.unk / max(result.tokens, 1)
     click.echo(f"{prefix}: {result.sentences} sentences, {result.tokens} tokens, {unk_rate:.2f}% <unk>")

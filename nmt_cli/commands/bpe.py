@@ -26,6 +26,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     """
     import itertools
 
+    from nmt_cli.commands.outputs import make_parent_directory
     from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
     from nmt_cli.text.reader import check_readable, read_lines
 
@@ -33,7 +34,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     for path in paths:
         check_readable(path)
     model_path = Path(f"{model_prefix}.model")
-    model_path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent_directory(model_path)
     learn(itertools.chain.from_iterable(read_lines(p) for p in paths), model_path, vocab_size, sample, seed)
     click.echo(f"wrote {model_path} ({BpeModel(model_path).size()} pieces)")
 
@@ -49,6 +50,8 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     Streams line by line: exactly one output line per input line, in order
     (an empty line stays empty).
     """
+    from nmt_cli.commands.outputs import open_output_text
+    from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
     from nmt_cli.text.reader import check_readable, read_lines, read_stream
 
@@ -59,12 +62,17 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
         check_readable(Path(input_path))
         lines = read_lines(Path(input_path))
     interactive = input_path == "-" and sys.stdin.isatty()
-    out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8", newline="\n")
+    out = sys.stdout if output_path == "-" else open_output_text(Path(output_path))
     try:
         for line in lines:
             out.write((bpe.decode(line.split()) if decode else " ".join(bpe.encode(line))) + "\n")
             if interactive:
                 out.flush()
+        out.flush()
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): the CLI ends quietly
+    except OSError as error:
+        raise NmtError(f"cannot write {output_path if output_path != '-' else '<stdout>'}: {error.strerror or error}") from None
     finally:
         if out is not sys.stdout:
             out.close()

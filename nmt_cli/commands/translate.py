@@ -145,9 +145,8 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         sink = stack.enter_context(_open_output(output_path))
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         for group, read_error in chunks(read_lines(source, source_name, cfg.errors), cfg.buffer_size):
-            for translation in translator.translate(group, source_name):
-                sink.write((translator.format(translation) + "\n").encode("utf-8"))
-            sink.flush()
+            text = "".join(translator.format(translation) + "\n" for translation in translator.translate(group, source_name))
+            _write(sink, text.encode("utf-8"), output_path)
             advance(len(group))
             lines_done += len(group)
             if read_error is not None:
@@ -155,6 +154,18 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     if not cfg.quiet and sys.stderr.isatty():
         seconds = time.monotonic() - started
         click.echo(f"translated {lines_done} lines in {seconds:.1f} s ({lines_done / max(seconds, 1e-9):.1f} lines/s)", err=True)
+
+
+def _write(sink: BinaryIO, data: bytes, output_path: str) -> None:
+    """Write and flush one chunk's translations; a full disk is one error line naming the output."""
+    try:
+        sink.write(data)
+        sink.flush()
+    except BrokenPipeError:
+        raise  # the reader went away (`| head`): the CLI ends quietly
+    except OSError as error:
+        name = "<stdout>" if output_path == "-" else output_path
+        raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
 
 
 @contextmanager

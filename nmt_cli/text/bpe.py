@@ -10,6 +10,7 @@ U+2581 (`▁`) in the input text is read back as a word boundary.
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -64,7 +65,18 @@ def learn_bpe(
                 f"(at most {too_high.group(2)}); use a smaller --bpe-size/--vocab-size"
             ) from None
         raise NmtError(f"sentencepiece could not learn a model: {e}") from None
-    Path(model_path).write_bytes(model.getvalue())
+    _write_file(Path(model_path), model.getvalue())
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    """Write under a temporary name, then rename: the model never exists half-written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 class BpeModel:

@@ -49,8 +49,13 @@ class TextPipeline:
                 f"language {lang!r} is not in {directory / 'meta.json'} "
                 f"(it has {meta.get('source_lang')} and {meta.get('target_lang')})"
             )
-        settings = TokenizerSettings.from_meta(meta.get("tokenizer") or {"name": "none"}, lang)
-        bpe = meta.get("bpe")
+        tokenizer, bpe = meta.get("tokenizer") or {"name": "none"}, meta.get("bpe")
+        if not isinstance(tokenizer, dict) or not (bpe is None or isinstance(bpe, dict)):
+            raise NmtError(f"{directory / 'meta.json'}: 'tokenizer' must be a JSON object and 'bpe' an object or null")
+        try:
+            settings = TokenizerSettings.from_meta(tokenizer, lang)
+        except NmtError as error:
+            raise NmtError(f"{directory / 'meta.json'}: {error}") from None
         if bpe and bpe.get("type") == "subword_nmt":
             codes = directory / bpe.get("codes", "bpe.codes")
             return cls(settings, bpe=SubwordNmtBpe.load(codes, bpe.get("separator", DEFAULT_SEPARATOR)))
@@ -70,9 +75,12 @@ def read_meta(directory: Path) -> dict:
     if not path.is_file():
         raise NmtError(f"no meta.json in {directory} (not a data-bin directory written by `nmt preprocess`?)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise NmtError(f"corrupt {path}: {e}") from None
+    if not isinstance(meta, dict):
+        raise NmtError(f"corrupt {path}: not a JSON object")
+    return meta
 
 
 def bpe_model_path(directory: Path, meta: dict, side: str) -> Path | None:

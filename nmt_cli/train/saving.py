@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.checkpoint import save_checkpoint
+from nmt_cli.checkpoint import remove_stale_temp_files, save_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
@@ -72,6 +72,7 @@ def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -
     for name in names[1:]:
         tmp = save_dir / f".{name}.{os.getpid()}.tmp"
         try:
+            remove_stale_temp_files(save_dir / name)
             shutil.copyfile(first, tmp)
             os.replace(tmp, save_dir / name)
         except OSError as error:

@@ -1,8 +1,9 @@
 """Training progress and RNG state: what a checkpoint must hold to resume exactly.
 
 Besides the keys of docs/FORMATS.md a training checkpoint holds `patience_counter`
-(validations without improvement) and `log_records` (lines of train_log.jsonl written
-so far, so that a resumed run rewrites the log from exactly that point).
+(validations without improvement), `log_records` (lines of train_log.jsonl written
+so far, so that a resumed run rewrites the log from exactly that point) and
+`log_window` (the statistics gathered since the last log line, `Window.checkpoint_state`).
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ class Trainer:
             self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
-        self.window = Window.start(self.engine.device)
+        self.window = self._resume_window(resume)
         self.start_time = time.monotonic()
         self.start_updates = self.progress.num_updates
         self.consecutive_oom = 0
@@ -110,6 +110,12 @@ class Trainer:
             engine.model.load_state_dict(state["model"])
             self.reporter.info(f"fine-tuning from the weights of {path}")
         return Progress()
+
+    def _resume_window(self, resume: dict[str, Any] | None) -> Window:
+        """The log window in progress when the checkpoint was written (empty for a fresh run)."""
+        if resume is None or "log_window" not in resume:
+            return Window.start(self.engine.device)
+        return Window.from_checkpoint(resume["log_window"], self.engine.device, self.dist.is_main)
 
     def _plan(self, split: PairDataset, name: str, shuffle_seed: int) -> list[np.ndarray]:
         cfg = self.cfg
@@ -281,14 +287,15 @@ class Trainer:
 
     def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None) -> None:
         self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist)
+        log_window = self.window.checkpoint_state(self.dist)
         if not self.dist.is_main:
             return
         epoch = completed_epoch if completed_epoch is not None else self.progress.epoch
         names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best)
-        write_checkpoints(self._checkpoint_state(epoch), self.save_dir, names)
+        write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names)
         prune_checkpoints(self.save_dir, self.cfg)
 
-    def _checkpoint_state(self, epoch: int) -> dict[str, Any]:
+    def _checkpoint_state(self, epoch: int, log_window: dict[str, Any]) -> dict[str, Any]:
         engine, data = self.engine, self.data
         state = {
             "format_version": FORMAT_VERSION,
@@ -303,6 +310,7 @@ class Trainer:
             "scheduler": {"name": engine.schedule.name, "num_updates": self.progress.num_updates},
             "scaler": engine.scaler.state_dict() if engine.scaler is not None else {},
             "rng": capture_rng(),
+            "log_window": log_window,
         }
         state.update(progress_to_checkpoint(self.progress, epoch))
         return state

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,6 +51,22 @@ class Window:
         self.first_bad_update = torch.where(bad, update, self.first_bad_update)
         self.updates += 1
         self.tokens += ntokens
+
+    def checkpoint_state(self, dist: DistInfo) -> dict[str, Any]:
+        """The window so far (loss and nll summed over ranks), for a checkpoint: a run resumed
+        from it writes the same next log line as an uninterrupted run. Every rank calls this."""
+        sums = self.sums.clone()
+        sums[:2] = all_reduce_sum(sums[:2].contiguous(), dist)
+        return {"sums": sums.cpu(), "first_bad_update": int(self.first_bad_update.item()),
+                "updates": self.updates, "tokens": self.tokens}
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any], device: torch.device, is_main: bool) -> "Window":
+        sums = state["sums"].to(device=device, dtype=torch.float64)
+        if not is_main:
+            sums[:2] = 0  # rank 0 carries the loss and nll summed over all ranks
+        first_bad = torch.tensor(int(state["first_bad_update"]), dtype=torch.int64, device=device)
+        return cls(sums, first_bad, int(state["updates"]), int(state["tokens"]), time.monotonic())
 
     def totals(self, dist: DistInfo) -> WindowTotals:
         sums = self.sums.clone()
