@@ -9,7 +9,7 @@
 #   3 prepare   nmt preprocess: Moses tokenization, cleaning, joint BPE, binarization
 #   4 train     nmt train (torchrun when GPUS > 1)
 #   5 average   last 5 (base) / 20 (big) checkpoints
-#   6 translate newstest2014 with beam 4, length penalty 0.6, max length input + 50
+#   6 translate newstest2014 with beam 4, GNMT length penalty 0.6, max length input + 50
 #   7 score     sacreBLEU (with signature) and tokenized BLEU (compound-split for En-De)
 #
 # Every setting below can be overridden from the environment, e.g.
@@ -166,7 +166,7 @@ HYP=$RUN/newstest2014.$SRC-$TGT.$TGT
 if [ ! -f "$HYP" ]; then
     say "translate newstest2014 -> $HYP"
     nmt translate --path "$AVG" --input "$WORK/raw/test.$SRC" --output "$HYP.tmp" \
-        --beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50 --max-tokens 8000
+        --beam 4 --lenpen 0.6 --lenpen-style gnmt --max-len-a 1 --max-len-b 50 --max-tokens 8000
     mv "$HYP.tmp" "$HYP"
 fi
 
