@@ -124,6 +124,10 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     for key in ("model_config", "model", "src_dict", "tgt_dict"):
         if key not in state:
             raise NmtError(f"checkpoint {path} lacks {key!r}")
+    try:
+        ModelConfig.from_dict(state["model_config"])
+    except NmtError as error:
+        raise NmtError(f"checkpoint {path}: {error}") from None
     return state
 
 

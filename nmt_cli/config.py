@@ -58,11 +58,26 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        if not isinstance(values, dict):
+            raise NmtError(f"the model config is not a dict of fields (it is a {type(values).__name__})")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
         if unknown:
-            raise NmtError(f"unknown model config fields: {', '.join(unknown)}")
+            raise NmtError(f"unknown model config fields: {', '.join(map(str, unknown))}")
+        for name, value in values.items():
+            expected = type(known[name].default)  # every field has a default of its own type
+            if not _has_type(value, expected):
+                raise NmtError(f"model config field {name} is {value!r}, not of type {expected.__name__}")
         return cls(**values)
+
+
+def _has_type(value: Any, expected: type) -> bool:
+    """Whether a stored value fits a field of type `expected` (an int fits a float; a bool is not a number)."""
+    if isinstance(value, bool):
+        return expected is bool
+    if expected is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, expected)
 
 
 # --- decoding (search and translate) -------------------------------------------------

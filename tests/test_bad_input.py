@@ -152,8 +152,8 @@ def score(ws: Workspace, ref: bytes, hyp: bytes) -> list:
 CASES = [
     # preprocess
     Case("preprocess", "srcdict with a bad line", lambda ws: preprocess(
-        ws, "--srcdict", ws.file("d.txt", "w1 5\nno-count-here\n")), ("bad dictionary line", "d.txt:2")),
-    Case("preprocess", "srcdict not UTF-8", lambda ws: preprocess(ws, "--srcdict", ws.file("d.txt", b"w1 5\n\xff 3\n")),
+        ws, "--bpe", "none", "--srcdict", ws.file("d.txt", "w1 5\nno-count-here\n")), ("bad dictionary line", "d.txt:2")),
+    Case("preprocess", "srcdict not UTF-8", lambda ws: preprocess(ws, "--bpe", "none", "--srcdict", ws.file("d.txt", b"w1 5\n\xff 3\n")),
          ("not valid UTF-8", "d.txt")),
     Case("preprocess", "input is a directory", lambda ws: ["preprocess", "-s", "en", "-t", "de", "--trainpref",
          (ws.root / "dir").mkdir() or ws.root / "dir" / "x", "--destdir", ws.root / "out"], ("x.en",)),
@@ -230,7 +230,7 @@ CASES = [
     Case("score", "invalid UTF-8 in the reference", lambda ws: score(ws, b"a b\n\xc0\xaf\n", b"a b\nc d\n"),
          ("invalid UTF-8", "ref.txt:2")),
     Case("score", "reference is a directory", lambda ws: ["score", "--ref", ws.root, "--hyp", ws.file("h.txt", "a\n")],
-         ("ref",)),
+         ("not a regular file",)),
     # average
     Case("average", "truncated checkpoint", lambda ws: ["average", "--inputs", ws.checkpoint, truncate(
         ws.run_copy() / "checkpoint_best.pt", 2000), "--output", ws.root / "avg.pt"], ("truncated or corrupt", "run/checkpoint_best.pt")),
@@ -283,6 +283,7 @@ def test_every_command_is_in_the_battery():
 
 ODD_LINES = {
     "10^5 characters": LONG_LINE,
+    "10^5 characters of words": ("w1 " * 33_334)[:100_000],
     "combining characters": COMBINING,
     "NFC and NFD of one word": unicodedata.normalize("NFC", COMBINING) + " " + COMBINING,
     "mixed scripts": MIXED,
@@ -310,8 +311,8 @@ def test_translate_keeps_one_output_line_per_input_line(shared, crlf, bom):
     assert outputs[-1] == "" and len(outputs) - 1 == len(ODD_LINES), outputs
     empty_at = list(ODD_LINES).index("empty")
     assert outputs[empty_at] == "" and all("\r" not in line for line in outputs)
-    if "10^5" in "".join(ODD_LINES):  # the long line is truncated to the model's positions, with a warning
-        assert "line 1" in result.stderr or "<stdin>:1" in result.stderr, result.stderr
+    # The 33k-word line is cut to the model's positions, with a warning naming it.
+    assert "truncated" in result.stderr and "<stdin>:2" in result.stderr, result.stderr
 
 
 def test_translate_crlf_and_bom_give_the_same_output_as_plain_lf(shared):
@@ -350,11 +351,13 @@ def test_score_ignores_crlf_and_bom_and_takes_huge_lines(tmp_path):
 def test_preprocess_takes_huge_lines_mixed_scripts_and_combining_characters(tmp_path, shared):
     ws = Workspace(tmp_path, *shared)
     lines = [f"w{i % 16} w{(i * 3) % 16} w{(i * 5) % 16}" for i in range(60)]
-    lines[3], lines[4], lines[5] = LONG_LINE, MIXED, COMBINING
+    lines[2], lines[3], lines[4], lines[5] = ODD_LINES["10^5 characters of words"], LONG_LINE, MIXED, COMBINING
     args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", raw_corpus(ws, lines), "--destdir", tmp_path / "out",
             "--joined-dictionary", "--bpe-size", "60"]
     result = nmt(args)
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "meta.json").read_text(encoding="utf-8"))
-    assert meta["counts"]["train"]["sentences"] == 60 - 1  # the 10^5-character pair is dropped as too long
-    assert "dropped" in result.stdout
+    # Cleaning counts words: the 33k-word line is dropped as too long; the one-word
+    # 10^5-character line is kept (training skips pairs beyond the model's positions).
+    assert meta["counts"]["train"]["sentences"] == 60 - 1
+    assert "kept 59 of 60 pairs" in result.stdout

@@ -89,6 +89,7 @@ class Trainer:
     def _restore(self, resume: dict[str, Any] | None) -> Progress:
         engine, cfg = self.engine, self.cfg
         if resume is not None:
+            check_state_dict_fits(engine.model, resume["model"], self.save_dir / LAST)
             engine.model.load_state_dict(resume["model"])
             progress = progress_from_checkpoint(resume, self.save_dir / LAST)
             if cfg.reset_optimizer:
