@@ -97,8 +97,10 @@ class PeakTreeRss:
 
 
 def self_peak_rss_mib() -> float:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident memory of this process so far: VmHWM, which starts afresh at exec
+    (getrusage's ru_maxrss would include the parent's memory at fork time)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
 @dataclass

@@ -120,7 +120,21 @@ PY
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$peer_bin/fairseq-generate" "$dir/data-bin" --path "$dir/run/checkpoint_last.pt" \
         --gen-subset test --beam 4 --lenpen 0.6 --remove-bpe sentencepiece --batch-size 128 "${cpu[@]}" "${fp16[@]}" \
         > "$dir/generate.log" 2>&1
-    grep '^H-' "$dir/generate.log" | sed 's/^H-//' | sort -n -k1,1 | cut -f3 > "$dir/hyp.de"
+    # One line per test sentence, in order; a sentence fairseq-generate left out scores as empty.
+    python3 - "$dir/generate.log" "$test_prefix.en" "$dir/hyp.de" <<'PY'
+import sys
+log, source, out = sys.argv[1:]
+hyps = {}
+for line in open(log, encoding="utf-8"):
+    if line.startswith("H-"):
+        fields = line.rstrip("\n").split("\t")
+        hyps[int(fields[0][2:])] = fields[2] if len(fields) > 2 else ""
+count = sum(1 for _ in open(source, encoding="utf-8"))
+if len(hyps) < count:
+    print(f"fairseq-generate gave {len(hyps)} of {count} hypotheses; the others score as empty", file=sys.stderr)
+with open(out, "w", encoding="utf-8") as f:
+    f.writelines(hyps.get(i, "") + "\n" for i in range(count))
+PY
     report fairseq "$(bleu "$dir/hyp.de")" "$seconds" "$(seconds_since "$start")"
 }
 

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -113,8 +112,10 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
 
 
 def process_peak_rss_gib() -> float:
-    """Peak resident memory of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """Peak resident memory of this process so far: VmHWM, which starts afresh at exec
+    (getrusage's ru_maxrss would include the parent's memory at fork time)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20
 
 
 def print_profile(step: Callable[[int], None], device: torch.device) -> None:
