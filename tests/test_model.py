@@ -111,6 +111,25 @@ def test_reorder_cache_matches_decoding_reordered_batch() -> None:
     assert torch.equal(encoder_out.padding_mask, fresh_out.padding_mask)
 
 
+def test_reorder_within_sources_keeps_cross_attention_in_place() -> None:
+    """Beams of one sentence share encoder states: reordering among them may skip that part."""
+    model = tiny_model(9)
+    beams = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # two beams per source sentence
+    src, prev = SRC[beams], PREV[beams]
+    encoder_out = model.encode(src)
+    full_cache, lazy_cache = {}, {}
+    for t in range(2):
+        model.decode_step(prev[:, : t + 1], encoder_out, full_cache)
+        model.decode_step(prev[:, : t + 1], encoder_out, lazy_cache)
+    index = torch.tensor([1, 1, 2, 3, 5, 4, 7, 7])  # each row stays within its sentence
+    model.reorder_cache(full_cache, index)
+    model.reorder_cache(lazy_cache, index, same_sources=True)
+    prev = prev[index]
+    want = model.decode_step(prev[:, :3], encoder_out, full_cache)
+    got = model.decode_step(prev[:, :3], encoder_out, lazy_cache)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
 def test_reorder_cache_can_drop_rows() -> None:
     model = tiny_model(8)
     encoder_out, cache = model.encode(SRC), {}

@@ -55,12 +55,15 @@ class ScriptedDecoder:
     def decode_step(self, prev_tokens, encoder_out, cache):
         self.batch_sizes.append(prev_tokens.size(0))
         cache["rows"] = prev_tokens.size(0)
+        cache["sources"] = [int(s) for s in encoder_out]
         assert bool((prev_tokens[:, 0] == EOS_ID).all())
         rows = [self.lprobs(int(s), tuple(p[1:].tolist())) for s, p in zip(encoder_out, prev_tokens)]
         return torch.tensor(rows, dtype=torch.float32)
 
-    def reorder_cache(self, cache, index):
+    def reorder_cache(self, cache, index, same_sources=False):
         assert index.numel() == cache["rows"] or index.max() < cache["rows"]
+        if same_sources:  # the search's promise: every row keeps its source sentence
+            assert [cache["sources"][i] for i in index.tolist()] == cache["sources"]
 
 
 class RandomDecoder(ScriptedDecoder):

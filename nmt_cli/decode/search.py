@@ -47,7 +47,8 @@ class IncrementalDecoder(Protocol):
 
     def decode_step(self, prev_tokens: Tensor, encoder_out: Any, cache: dict[str, Any]) -> Tensor: ...
 
-    def reorder_cache(self, cache: dict[str, Any], index: Tensor) -> None: ...
+    def reorder_cache(self, cache: dict[str, Any], index: Tensor, same_sources: bool = False) -> None:
+        """Select cache rows `index`; `same_sources`: each new row i keeps old row i's source sentence."""
 
     def reorder_encoder_out(self, encoder_out: Any, index: Tensor) -> Any: ...
 
@@ -267,6 +268,7 @@ def generate(
         state.done = state.done | state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
         rows = advance_beams(state, cands, lprobs, step, K)
         done = pending if lagged_sync else _HostCopy(state.done)
+        same_sources = True  # beams only move within their sentence, unless sentences leave below
         if done is not None:
             keep = done.get().logical_not().nonzero().squeeze(1).to(device)
             if keep.numel() == 0:
@@ -274,8 +276,9 @@ def generate(
             if keep.numel() < B:
                 _store_finished(results, state)
                 state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
+                same_sources = False
         pending = _HostCopy(state.done) if lagged_sync else None
-        model.reorder_cache(cache, rows)
+        model.reorder_cache(cache, rows, same_sources=same_sources)
     _store_finished(results, state)
     return _best_hypotheses(results, cfg.nbest)
 

@@ -225,8 +225,15 @@ class Transformer(nn.Module):
         new[:, :, :, :, : cache["length"]] = old[:, :, :, :, : cache["length"]]
         cache["self_kv"] = new
 
-    def reorder_cache(self, cache: dict, index: Tensor) -> None:
-        """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering)."""
+    def reorder_cache(self, cache: dict, index: Tensor, same_sources: bool = False) -> None:
+        """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering).
+
+        `same_sources`: the caller promises that new row i comes from a row of the same
+        source sentence as old row i (beams moving within their sentence, as in beam
+        search while no sentence leaves the batch). The cross-attention keys/values are
+        then identical across those rows and stay where they are, as in fairseq; on a
+        CPU that gather was a third of decoding time.
+        """
         if not cache:
             return
         # Only the filled prefix of the self-attention buffer is copied, not its spare
@@ -237,8 +244,9 @@ class Transformer(nn.Module):
         new = old.new_empty((index.numel(), *old.shape[1:]))
         new[:, :, :, :, :length] = old[index, :, :, :, :length]
         cache["self_kv"] = new
-        cache["cross_kv"] = cache["cross_kv"][index]
-        cache["cross_mask"] = cache["cross_mask"][index]
+        if not same_sources:
+            cache["cross_kv"] = cache["cross_kv"][index]
+            cache["cross_mask"] = cache["cross_mask"][index]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
         return EncoderOut(out=encoder_out.out[index], padding_mask=encoder_out.padding_mask[index])
