@@ -19,7 +19,7 @@ TRAIN_TIME=${TRAIN_TIME:-11m}
 MAX_UPDATE=${MAX_UPDATE:-100000}
 BPE_SIZE=${BPE_SIZE:-8000}
 AVERAGE=${AVERAGE:-3}
-SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-100}
+SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-50}
 WORKERS=${WORKERS:-$(nproc)}
 
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -51,8 +51,11 @@ fi
 
 AVG=$RUN/checkpoint_avg.pt
 if [ ! -f "$AVG" ]; then
-    say "average the last $AVERAGE checkpoints -> $AVG"
-    nmt average --inputs "$RUN" --num-update-checkpoints "$AVERAGE" --output "$AVG"
+    # A short time budget may leave fewer update checkpoints than AVERAGE.
+    saved=$(find "$RUN" -maxdepth 1 -name 'checkpoint_*_*.pt' | wc -l)
+    count=$(( saved < AVERAGE ? saved : AVERAGE ))
+    say "average the last $count checkpoints -> $AVG"
+    nmt average --inputs "$RUN" --num-update-checkpoints "$count" --output "$AVG"
 fi
 
 HYP=$WORK/test.hyp.de
