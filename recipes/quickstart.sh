@@ -8,7 +8,7 @@
 # About 15 minutes on 2 CPU cores, most of it training (TRAIN_TIME). Re-running skips
 # finished steps and resumes training. Settings can be overridden from the environment:
 # WORK (output directory), TRAIN_TIME (training budget, e.g. 11m), MAX_UPDATE, ARCH, BPE_SIZE,
-# AVERAGE (checkpoints to average), SAVE_INTERVAL_UPDATES.
+# AVERAGE (checkpoints to average), SAVE_INTERVAL_UPDATES, LR, WARMUP, TRAIN_FLAGS (more `nmt train` flags).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,6 +20,9 @@ MAX_UPDATE=${MAX_UPDATE:-100000}
 BPE_SIZE=${BPE_SIZE:-8000}
 AVERAGE=${AVERAGE:-3}
 SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-50}
+LR=${LR:-1e-3}
+WARMUP=${WARMUP:-400}
+TRAIN_FLAGS=${TRAIN_FLAGS:-}
 WORKERS=${WORKERS:-$(nproc)}
 
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -43,7 +46,7 @@ RUN=$WORK/run
 if [ ! -f "$RUN/.done" ]; then
     say "train $ARCH for at most $TRAIN_TIME -> $RUN"
     nmt train "$DATA_BIN" --arch "$ARCH" --save-dir "$RUN" --share-all-embeddings \
-        --dropout 0.2 --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 400 \
+        --dropout 0.2 --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" $TRAIN_FLAGS \
         --label-smoothing 0.1 --max-tokens 4096 --max-update "$MAX_UPDATE" --max-time "$TRAIN_TIME" \
         --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$AVERAGE" --log-interval 50
     touch "$RUN/.done"
