@@ -257,12 +257,7 @@ def shared(tmp_path_factory) -> tuple[Path, Path]:
     return data_bin, tiny_run_dir(data_bin, root / "run")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.command}: {c.name}" for c in CASES])

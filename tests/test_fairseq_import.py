@@ -123,13 +123,6 @@ def reference(request, fairseq_outputs) -> dict:
     return {**shared, **fairseq_outputs["variants"][request.param], "variant": request.param}
 
 
-@pytest.fixture
-def one_thread():
-    """Decode on one thread: on a busy 2-core machine, two threads per process only contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def import_run(ref: dict, checkpoint_key: str = "checkpoint", extra: tuple[str, ...] = ()) -> Path:

@@ -49,12 +49,7 @@ TEMP_NAME = re.compile(r"^\.checkpoint.*\.tmp$")
 KILLS = 24  # kill points of the training run (CI requires at least 20)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
