@@ -141,8 +141,8 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     source_name = "<stdin>" if input_path == "-" else input_path
     started, lines_done = time.monotonic(), 0
     with ExitStack() as stack:
-        source = stack.enter_context(_open_input(input_path))
-        sink = stack.enter_context(_open_output(output_path))
+        source = stack.enter_context(_open_binary(input_path, "rb"))
+        sink = stack.enter_context(_open_binary(output_path, "wb"))
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         for group, read_error in chunks(read_lines(source, source_name, cfg.errors), cfg.buffer_size):
             text = "".join(translator.format(translation) + "\n" for translation in translator.translate(group, source_name))
@@ -169,28 +169,19 @@ def _write(sink: BinaryIO, data: bytes, output_path: str) -> None:
 
 
 @contextmanager
-def _open_input(path: str) -> Iterator[BinaryIO]:
+def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
+    """`path` opened in binary `mode` ("rb" or "wb"); "-" is stdin or stdout.
+
+    Output is written as bytes: UTF-8 with `\\n` line ends whatever the locale.
+    """
     if path == "-":
-        yield sys.stdin.buffer
+        yield sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
         return
     try:
-        stream = open(path, "rb")
+        stream = open(path, mode)
     except OSError as error:
-        raise NmtError(f"cannot read {path}: {error.strerror}") from None
-    with stream:
-        yield stream
-
-
-@contextmanager
-def _open_output(path: str) -> Iterator[BinaryIO]:
-    """A binary sink: output is UTF-8 with `\\n` line ends whatever the locale."""
-    if path == "-":
-        yield sys.stdout.buffer
-        return
-    try:
-        stream = open(path, "wb")
-    except OSError as error:
-        raise NmtError(f"cannot write {path}: {error.strerror}") from None
+        verb = "read" if mode == "rb" else "write"
+        raise NmtError(f"cannot {verb} {path}: {error.strerror}") from None
     with stream:
         yield stream
 
