@@ -141,6 +141,26 @@ def test_reorder_cache_can_drop_rows() -> None:
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
 
 
+def test_repeated_reorders_follow_the_composed_reordering(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reorders at many steps (the cache swaps buffers each time), with rows dropped and
+    duplicated and the cache growing in between, equal teacher forcing on the rows kept."""
+    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
+    model = tiny_model(10)
+    prev = padded_batch(11, [8, 8, 8, 8], TGT_V, bos=EOS)
+    reorders = {1: [1, 0, 3, 2], 2: [0, 0, 2, 3], 3: [3, 1], 5: [1, 0], 6: [0, 0, 1]}
+    rows = torch.arange(SRC.size(0))
+    encoder_out, cache = model.encode(SRC), {}
+    for t in range(prev.size(1)):
+        if t in reorders:
+            index = torch.tensor(reorders[t])
+            model.reorder_cache(cache, index)
+            encoder_out = model.reorder_encoder_out(encoder_out, index)
+            rows = rows[index]
+        got = model.decode_step(prev[rows, : t + 1], encoder_out, cache)
+        want = torch.log_softmax(model(SRC[rows], prev[rows, : t + 1]), dim=-1)[:, t]
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+
+
 # ---- invariances ----
 
 

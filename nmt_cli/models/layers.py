@@ -148,13 +148,15 @@ class SelfAttention(nn.Module):
     def forward_cached(self, x: Tensor, kv_cache: Tensor, start: int) -> Tensor:
         """Incremental causal attention for new tokens x (B, n, D) at positions start..start+n-1.
 
-        kv_cache (B, 2, H, capacity, Dh) holds keys/values of the earlier positions;
+        kv_cache (B, capacity, 2, H, Dh) holds keys/values of the earlier positions;
         this writes the new ones in place and attends over positions 0..start+n-1.
         """
-        n = x.size(1)
-        qkv = split_heads(self.in_proj(x), 3, self.num_heads)  # (B, 3, H, n, Dh)
-        kv_cache[:, :, :, start : start + n] = qkv[:, 1:]
-        k, v = kv_cache[:, :, :, : start + n].unbind(1)  # each (B, H, start + n, Dh)
+        B, n, _ = x.shape
+        qkv = self.in_proj(x).view(B, n, 3, self.num_heads, -1)  # (B, n, 3, H, Dh)
+        kv_cache[:, start : start + n] = qkv[:, :, 1:]
+        # Strided (B, H, T, Dh) views: scaled_dot_product_attention reads them in place.
+        k, v = kv_cache[:, : start + n].permute(2, 0, 3, 1, 4).unbind(0)
+        q = qkv[:, :, 0].transpose(1, 2)  # (B, H, n, Dh)
         if n == 1:
             mask, is_causal = None, False  # one query may see every cached key
         elif start == 0:
@@ -163,7 +165,7 @@ class SelfAttention(nn.Module):
             # Query i (absolute start + i) may see keys 0..start + i.
             mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(diagonal=start)
             is_causal = False
-        out = F.scaled_dot_product_attention(qkv[:, 0], k, v, attn_mask=mask, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         return self.out_proj(merge_heads(out))
 
 
@@ -279,7 +281,7 @@ class DecoderLayer(nn.Module):
         """x (B, T, D) -> (B, T, D); cross_kv (B, 2, H, S, Dh), cross_mask (B, 1, 1, S).
 
         Without `self_kv_cache`, x is a whole right-padded target prefix (teacher
-        forcing); with it (B, 2, H, capacity, Dh), x holds new tokens at `start`.
+        forcing); with it (B, capacity, 2, H, Dh), x holds new tokens at `start`.
         """
         w = self.wiring
         h = w.before(x, self.self_attn_layer_norm)

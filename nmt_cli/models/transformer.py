@@ -6,15 +6,19 @@ Search: `encode`, then `decode_step` once per output position with a cache dict,
 
 The decoding cache (a plain dict the caller creates empty) holds
   "length":    int, target positions already processed;
-  "self_kv":   (B, L, 2, H, capacity, Dh) self-attention keys/values of all L decoder
+  "self_kv":   (B, capacity, L, 2, H, Dh) self-attention keys/values of all L decoder
                layers in one contiguous buffer, written in place and doubled in
                capacity when full (no torch.cat per step);
+  "self_kv_spare": None or a buffer of the same shape that `reorder_cache` gathers
+               into before the two swap (allocating a fresh buffer at every step
+               costs more than the copy on a CPU);
   "cross_kv":  (B, L, 2, H, S, Dh) cross-attention keys/values, computed once from
                the encoder output at the first step;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads.
 Batch comes first so that `reorder_cache` is one row gather per tensor (on a GPU,
-several times faster than selecting along an inner dimension).
+several times faster than selecting along an inner dimension); in "self_kv" the
+position comes next, so that the filled prefix of a row is one contiguous block.
 """
 
 from __future__ import annotations
@@ -133,7 +137,7 @@ class TransformerDecoder(nn.Module):
         start = cache["length"]
         x = self.embed(new_tokens, start)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cache["cross_kv"][:, i], cache["cross_mask"], cache["self_kv"][:, i], start)
+            x = layer(x, cache["cross_kv"][:, i], cache["cross_mask"], cache["self_kv"][:, :, i], start)
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
@@ -211,19 +215,21 @@ class Transformer(nn.Module):
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
         cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
             allowed.logical_not(), float("-inf"))
-        cache["self_kv"] = cross_kv.new_empty(B, L, 2, H, INITIAL_CACHE_CAPACITY, Dh)
+        cache["self_kv"] = cross_kv.new_empty(B, INITIAL_CACHE_CAPACITY, L, 2, H, Dh)
+        cache["self_kv_spare"] = None
 
     @staticmethod
     def _ensure_capacity(cache: dict, needed: int) -> None:
         old = cache["self_kv"]
-        capacity = old.size(4)
+        capacity = old.size(1)
         if needed <= capacity:
             return
         while capacity < needed:
             capacity *= 2
-        new = old.new_empty(*old.shape[:4], capacity, old.size(5))
-        new[:, :, :, :, : cache["length"]] = old[:, :, :, :, : cache["length"]]
+        new = old.new_empty(old.size(0), capacity, *old.shape[2:])
+        new[:, : cache["length"]] = old[:, : cache["length"]]
         cache["self_kv"] = new
+        cache["self_kv_spare"] = None
 
     def reorder_cache(self, cache: dict, index: Tensor, same_sources: bool = False) -> None:
         """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering).
@@ -237,13 +243,13 @@ class Transformer(nn.Module):
         if not cache:
             return
         # Only the filled prefix of the self-attention buffer is copied, not its spare
-        # capacity. Advanced indexing rather than index_select: on CPU it is several
-        # times faster for these 6-d tensors, and on GPU it is the same gather kernel.
+        # capacity, into the spare buffer, which then becomes the cache.
         length = cache["length"]
-        old = cache["self_kv"]
-        new = old.new_empty((index.numel(), *old.shape[1:]))
-        new[:, :, :, :, :length] = old[index, :, :, :, :length]
-        cache["self_kv"] = new
+        old, spare = cache["self_kv"], cache["self_kv_spare"]
+        if spare is None or spare.size(0) != index.numel():
+            spare = old.new_empty((index.numel(), *old.shape[1:]))
+        torch.index_select(old[:, :length], 0, index, out=spare[:, :length])
+        cache["self_kv"], cache["self_kv_spare"] = spare, old
         if not same_sources:
             cache["cross_kv"] = cache["cross_kv"][index]
             cache["cross_mask"] = cache["cross_mask"][index]
