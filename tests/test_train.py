@@ -219,6 +219,14 @@ def test_patience_stops_after_validations_without_improvement(tmp_path: Path, da
     assert len(records(run, "valid")) == 3
 
 
+def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "1", "--max-epoch", "2"])
+    assert result.exit_code == 0
+    updates = [r["update"] for r in records(run, "valid")]
+    assert updates == list(range(1, load_checkpoint(run / "checkpoint_last.pt")["num_updates"] + 1))
+
+
 def test_out_of_memory_update_is_skipped(tmp_path: Path, data_bin: Path, monkeypatch) -> None:
     real_update, calls = trainer_module.train_update, []
 
