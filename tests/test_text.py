@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.clean import EMPTY, RATIO, TOO_LONG, TOO_SHORT, CleanSettings, drop_reason
 from nmt_cli.text.pipeline import TextPipeline
 from nmt_cli.text.reader import Chunk, count_lines, line_chunks, line_start_offsets, read_lines, read_stream
-from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
+from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings, _MosesTokenizer, required_text
 
 
 def random_sentences(n: int, seed: int = 0) -> list[str]:
@@ -93,6 +95,42 @@ def test_errors_in_a_chunk_report_the_real_line_number(tmp_path: Path) -> None:
         list(read_lines(path, chunks[1]))
 
 
+def test_block_reading_equals_reading_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Random bytes dense in newlines, CRs, BOMs, NULs and broken UTF-8, read in blocks of a few
+    # bytes (lines straddle blocks) and in chunks; the reference splits on b"\n" and decodes
+    # one line at a time. Both the lines yielded and the first error must agree.
+    def collect(lines: Iterator[str]) -> list[object]:
+        out: list[object] = []
+        try:
+            out.extend(lines)
+        except NmtError as error:
+            out.append(str(error))
+        return out
+
+    def line_by_line(data: bytes, chunk: Chunk) -> Iterator[str]:
+        raw = data[chunk.start : chunk.end]
+        if chunk.start == 0 and raw.startswith(reader.BOM):
+            raw = raw[len(reader.BOM) :]
+        raw_lines = raw.split(b"\n")
+        if raw.endswith(b"\n"):
+            raw_lines.pop()
+        for i, raw_line in enumerate(raw_lines):
+            yield reader.decode_line(raw_line, path, chunk.first_line + i)
+
+    atoms = [b"a", b"bc", b" ", b"\n", b"\n", b"\r", b"\r\n", reader.BOM, "\u00fc\u20ac".encode(), b"\xc3", b"\x00", b"\xff"]
+    weights = [5, 5, 3, 4, 4, 1, 2, 1, 2, 0.1, 0.05, 0.05]
+    rng = random.Random(5)
+    path = tmp_path / "r.txt"
+    for _ in range(500):
+        data = rng.choice([b"", reader.BOM]) + b"".join(rng.choices(atoms, weights, k=rng.randint(1, 40)))
+        path.write_bytes(data)
+        monkeypatch.setattr(reader, "_LINES_BLOCK", rng.choice([1, 2, 3, 5, 8, 1 << 20]))
+        num_lines = count_lines(path)
+        for k in (1, 2, 5):
+            for chunk in line_chunks(path, num_lines, k):
+                assert collect(read_lines(path, chunk)) == collect(line_by_line(data, chunk)), (data, chunk)
+
+
 # --- tokenizer ----------------------------------------------------------------------------
 
 
@@ -124,6 +162,72 @@ def test_normalization_equals_sacremoses(lang: str) -> None:
     samples = ["„Ja“, sagte er – 1.000,5 € « oui » ...", "  It’s  ``quoted''  (1 ,5 %) ", "a\u00a0:\u00a0b ; «x»"]
     for line in samples + random_sentences(30):
         assert tokenizer.normalize(line) == reference.normalize(line)
+
+
+@pytest.mark.parametrize("lang", ["en", "de", "fr", "cs"])
+def test_normalization_prefilter_equals_applying_every_rule(lang: str) -> None:
+    # Lines made of the rules' own texts (what each must contain, what each writes) and sample
+    # matches, so that every reachable rule changes many lines; the reference applies every rule
+    # unconditionally, as sacremoses does.
+    from sacremoses import MosesPunctNormalizer
+
+    reference = MosesPunctNormalizer(lang=lang)
+    rules = [(re.compile(pattern), replacement) for pattern, replacement in reference.substitutions]
+    pieces = {required_text(pattern, replacement) for pattern, replacement in rules} | {r for _, r in rules}
+    pieces |= set("".join(pattern + replacement for pattern, replacement in reference.substitutions))
+    pieces |= set("aZ09 .,\"'\u00a0\t<%") | {"1\u00a02", "a‘b", "x’y", '.."', "5 %"}
+    pieces = sorted(pieces)
+    tokenizer = Tokenizer(TokenizerSettings("moses", lang))
+    rng = random.Random(lang)
+    for _ in range(3000):
+        line = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        controls_to_spaces = re.sub(r"[\x00-\x1f\x7f-\x9f]", " ", line)
+        assert tokenizer.normalize(line) == reference.normalize(controls_to_spaces), repr(line)
+
+
+@pytest.mark.parametrize("lang, aggressive", [("en", False), ("de", False), ("fr", True)])
+def test_tokenize_equals_stock_sacremoses(lang: str, aggressive: bool) -> None:
+    # Words ending in "." anywhere (nonbreaking prefixes, numeric-only ones, initials, dot runs),
+    # followed by lowercase, uppercase or digits: every branch of the nonbreaking-prefix step;
+    # commas, apostrophes and hyphens, which the prefiltered sacremoses rules need; and every
+    # kind of whitespace between them. The references are sacremoses' own classes.
+    # (Few lines: sacremoses spends ~1 ms on each word ending in "." that is not last.)
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normalizer, moses = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    prefixes = sorted(moses.NONBREAKING_PREFIXES)[::7] + sorted(moses.NUMERIC_ONLY_PREFIXES)
+    words = [p + "." for p in prefixes] + ["dog.", "Dog.", "a.b.", "U.S.", "x..", "...", ".", "5", "12.", "\u00fc", "Ab", "cd"]
+    words += [",", "a,", "5,300", "1,", ",x", "'", "'s", "it's", "l'eau", "5's", "x'", "dog.'", "A-B", "-", "5-6"]
+    spaces = ["", " ", " ", " ", "  ", "\t", "\u00a0", "\u3000", "\u2028", "\x85"]
+    options = {"escape": False, "aggressive_dash_splits": aggressive, "return_str": True}
+    fast_moses = _MosesTokenizer(lang)
+    tokenizer = Tokenizer(TokenizerSettings("moses", lang, aggressive_dash_splits=aggressive))
+    rng = random.Random(lang)
+    for _ in range(1000):
+        line = "".join(rng.choice(spaces) + rng.choice(words) for _ in range(rng.randint(1, 6))) + rng.choice(["", ".", " .", "!"])
+        assert fast_moses.tokenize(line, **options) == moses.tokenize(line, **options), repr(line)
+        stock = moses.tokenize(normalizer.normalize(re.sub(r"[\x00-\x1f\x7f-\x9f]", " ", line)), **options)
+        assert tokenizer.tokenize(line) == " ".join(stock.split()), repr(line)
+
+
+def test_printable_text_has_no_whitespace_but_spaces() -> None:
+    # What lets the tokenizer skip collapsing whitespace (`\s+` -> " ") in printable text.
+    every_character = "".join(map(chr, range(0x110000)))
+    whitespace = re.findall(r"\s", every_character)
+    assert len(whitespace) > 20 and [c for c in whitespace if c.isprintable()] == [" "]
+
+
+def test_required_text_of_rules() -> None:
+    def required(pattern: str, replacement: str) -> str:
+        return required_text(re.compile(pattern), replacement)
+
+    assert required(r"\) ([.!:?;,])", r")\g<1>") == ") "
+    assert required(r"(\d) %", r"\g<1>%") == " %"
+    assert required(r"([^a-z])[,]", r"\1 , ") == ","  # a one-character class is a plain character
+    assert required(" +", " ") == "  "  # one space is replaced by itself
+    assert required(" +", "_") == ""
+    assert required("a|b", "c") == ""  # nothing every match contains: always applied
+    assert required("(?i)x", "y") == ""
 
 
 def test_punctuation_normalization_can_be_switched_off() -> None:
@@ -180,6 +284,7 @@ def test_bpe_round_trips_tokenized_lines_and_is_deterministic(tmp_path: Path) ->
     assert (tmp_path / "a.model").read_bytes() == (tmp_path / "b.model").read_bytes()
     bpe = BpeModel(tmp_path / "a.model")
     assert bpe.size() == 150
+    assert bpe.encode_lines(lines + [""]) == [bpe.encode(line) for line in lines + [""]]
     unseen = "Zebra qüx , unseen wörds ."
     for line in lines + [unseen, ""]:
         pieces = bpe.encode(line)

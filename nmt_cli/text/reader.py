@@ -23,6 +23,7 @@ from nmt_cli.errors import NmtError, where
 
 BOM = b"\xef\xbb\xbf"
 _BLOCK = 1 << 24  # bytes per read when scanning for newlines
+_LINES_BLOCK = 1 << 20  # bytes per read in read_lines
 
 
 @dataclass(frozen=True)
@@ -103,22 +104,57 @@ def decode_line(raw: bytes, name: object, lineno: int) -> str:
 
 
 def read_lines(path: Path, chunk: Chunk | None = None) -> Iterator[str]:
-    """Yield the lines of `path` (or of one chunk of it), decoded and without line endings."""
+    """Yield the lines of `path` (or of one chunk of it), decoded and without line endings.
+
+    Reads and decodes blocks of whole lines (a `readline` and a `decode` per line cost more
+    than most lines' processing); a block with a bad line is redone line by line, so the
+    error names the first bad line, after every line before it was yielded.
+    """
     start, end = (chunk.start, chunk.end) if chunk is not None else (0, None)
     lineno = chunk.first_line if chunk is not None else 1
+    at_file_start = start == 0  # a BOM can begin the first line decoded
     with open(path, "rb") as f:
         f.seek(start)
-        position = start
-        while end is None or position < end:
-            raw = f.readline()
-            if not raw:
-                break
-            if position == 0 and raw.startswith(BOM):
-                raw = raw[len(BOM):]
-                position += len(BOM)
-            position += len(raw)
-            yield decode_line(raw, path, lineno)
-            lineno += 1
+        # partial: what was read since the last newline (a list, so a very long line costs linear time)
+        position, partial = start, []
+        while data := f.read(_LINES_BLOCK if end is None else min(_LINES_BLOCK, end - position)):
+            position += len(data)
+            cut = data.rfind(b"\n") + 1
+            if not cut:
+                partial.append(data)
+                continue
+            block, partial = b"".join([*partial, data[:cut]]), [data[cut:]]
+            if at_file_start:
+                block, at_file_start = block.removeprefix(BOM), False
+            yield from _decode_lines(block, path, lineno)
+            lineno += block.count(b"\n")
+        if last := b"".join(partial):  # the file's last line, without a newline
+            yield from _decode_lines(last.removeprefix(BOM) if at_file_start else last, path, lineno)
+
+
+def _decode_lines(block: bytes, name: object, lineno: int) -> Iterator[str]:
+    """The lines of `block`: whole lines, each ending with a newline but maybe the file's last."""
+    text = _utf8_or_none(block)
+    if text is None:  # a bad line somewhere: decode one at a time, for the error that names it
+        raw_lines = block.split(b"\n")
+        if block.endswith(b"\n"):
+            raw_lines.pop()
+        yield from (decode_line(raw, name, lineno + i) for i, raw in enumerate(raw_lines))
+        return
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    yield from (line.removesuffix("\r") for line in lines) if "\r" in text else lines
+
+
+def _utf8_or_none(block: bytes) -> str | None:
+    """`block` decoded, or None if it holds a NUL byte or invalid UTF-8."""
+    if b"\x00" in block:
+        return None
+    try:
+        return block.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def read_stream(stream: BinaryIO, name: str) -> Iterator[str]:

@@ -8,10 +8,11 @@ and the functions are module-level, so they work with the `spawn` start method.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import shutil
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.clean import REASONS, CleanSettings, drop_reason
 from nmt_cli.text.reader import Chunk, read_lines
 from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
+
+LINES_PER_BATCH = 10_000  # lines segmented per call
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,11 @@ def segment(job: SegmentJob) -> Counter[str]:
     bpe = BpeModel(job.bpe_model) if job.bpe_model is not None else None
     counts: Counter[str] = Counter()
     with open(job.out, "w", encoding="utf-8", newline="\n") as out:
-        for line in read_lines(job.path, job.chunk):
-            pieces = bpe.encode(line) if bpe is not None else line.split()
+        for lines in _batches(read_lines(job.path, job.chunk)):
+            pieces = bpe.encode_lines(lines) if bpe is not None else [line.split() for line in lines]
             if job.count:
-                counts.update(pieces)
-            out.write(" ".join(pieces) + "\n")
+                counts.update(itertools.chain.from_iterable(pieces))
+            out.write("\n".join(map(" ".join, pieces)) + "\n")
     return counts
 
 
@@ -132,6 +135,12 @@ def binarize(job: BinarizeJob) -> BinarizeResult:
         result.unk += ids.count(UNK_ID)
     builder.finalize()
     return result
+
+
+def _batches(lines: Iterator[str]) -> Iterator[list[str]]:
+    """Lists of `LINES_PER_BATCH` consecutive lines (the last one shorter)."""
+    while batch := list(itertools.islice(lines, LINES_PER_BATCH)):
+        yield batch
 
 
 class JobRunner:
