@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -206,6 +207,15 @@ def test_max_time_saves_and_stops(tmp_path: Path, data_bin: Path) -> None:
     assert result.exit_code == 0
     assert "stopped (max_time) after 1 updates" in result.stdout
     assert load_checkpoint(run / "checkpoint_last.pt")["num_updates"] == 1
+
+
+def test_eta_counts_down_to_the_nearest_limit(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "10000000", "--max-time", "2h",
+                      "--max-epoch", "1"])
+    assert result.exit_code == 0
+    etas = re.findall(r"eta (\d+):(\d\d):(\d\d)", result.output)
+    assert etas and all(int(h) * 3600 + int(m) * 60 + int(s) <= 7200 for h, m, s in etas)
 
 
 def test_patience_stops_after_validations_without_improvement(tmp_path: Path, data_bin: Path, monkeypatch) -> None:

@@ -260,9 +260,12 @@ class Trainer:
             record["loss_scale"] = self.engine.scaler.get_scale()
             if record["loss_scale"] < 1e-4:
                 raise NmtError(f"fp16 loss scale fell to {record['loss_scale']:g} by update {n}: training diverged")
-        eta = None
+        etas = []  # seconds until each limit that is set
         if self.cfg.max_update and n > self.start_updates:
-            eta = (now - self.start_time) / (n - self.start_updates) * (self.cfg.max_update - n)
+            etas.append((now - self.start_time) / (n - self.start_updates) * (self.cfg.max_update - n))
+        if self.cfg.max_time:
+            etas.append(max(0.0, self.cfg.max_time - (now - self.start_time)))
+        eta = min(etas, default=None)
         self.reporter.train_line(record, eta)
         self._write_record(record)
         self.window = Window.start(self.engine.device)
