@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Time to BLEU: the test2016 sacreBLEU that nmt and fairseq reach on Multi30k En->De
 # within the same wall-clock budget, everything included (BPE, binarization, training,
-# beam search on the test set). Same architecture and hyper-parameters for both:
-# Transformer d 256, 3+3 layers, ffn 1024, 4 heads, shared embeddings, dropout 0.2,
-# Adam (0.9, 0.98), lr 1e-3, inverse-sqrt with 400 warm-up updates, label smoothing 0.1,
-# --max-tokens 4096; decoding beam 4, lenpen 0.6; scored with sacreBLEU on raw text.
+# beam search on the test set). Same architecture and hyper-parameters for both, those
+# of recipes/quickstart.sh: pre-norm Transformer d 256, 3+3 layers, ffn 1024, 4 heads,
+# shared embeddings, dropout 0.1, Adam (0.9, 0.98), lr 2e-3, inverse-sqrt with 480
+# warm-up updates, label smoothing 0.1, --max-tokens 1024, joint BPE 4k; decoding beam 4,
+# lenpen 0.6; scored with sacreBLEU on raw text.
 #
 #   benchmarks/time_to_bleu.sh [--budget SECONDS] [--systems "nmt fairseq"] [--data-dir DIR] [--work-dir DIR]
 #                              [--device cpu|cuda] [--precision fp32|bf16] [--test-lines N]
@@ -64,7 +65,8 @@ peer_bin="$here/.venv/bin"
 export OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads"
 
 # Hyper-parameters shared by both systems (fairseq flag names; nmt uses the same).
-train_flags=(--max-tokens 4096 --lr 1e-3 --warmup-updates 400 --label-smoothing 0.1 --dropout 0.2
+bpe_size=4000
+train_flags=(--max-tokens 1024 --lr 2e-3 --warmup-updates 480 --label-smoothing 0.1 --dropout 0.1
              --adam-betas "(0.9, 0.98)" --lr-scheduler inverse_sqrt --seed 1)
 
 now() { date +%s.%N; }
@@ -78,10 +80,10 @@ run_nmt() {
     local dir="$work_dir/nmt" start; start="$(now)"
     rm -rf "$dir"; mkdir -p "$dir"
     python3 -m nmt_cli preprocess -s en -t de --trainpref "$corpus/train" --validpref "$corpus/valid" \
-        --testpref "$test_prefix" --destdir "$dir/data-bin" --joined-dictionary --bpe-size 8000 --workers 2 \
+        --testpref "$test_prefix" --destdir "$dir/data-bin" --joined-dictionary --bpe-size "$bpe_size" --workers 2 \
         > "$dir/preprocess.log" 2>&1
     local seconds; seconds="$(training_seconds "$start")"
-    python3 -m nmt_cli train "$dir/data-bin" --arch transformer_small --save-dir "$dir/run" --share-all-embeddings \
+    python3 -m nmt_cli train "$dir/data-bin" --arch transformer_small --save-dir "$dir/run" --share-all-embeddings --normalize-before \
         "${train_flags[@]}" --max-time "${seconds}s" --device "$device" --precision "$precision" \
         --log-interval 50 > "$dir/train.log" 2>&1
     python3 -m nmt_cli translate --path "$dir/run/checkpoint_last.pt" --beam 4 --lenpen 0.6 \
@@ -95,11 +97,11 @@ run_fairseq() {
     local dir="$work_dir/fairseq" start; start="$(now)"
     rm -rf "$dir"; mkdir -p "$dir/text"
     # Joint sentencepiece BPE on raw text, applied to every split (fairseq's usual recipe).
-    "$peer_python" - "$corpus" "$dir/text" "$test_prefix" <<'PY'
+    "$peer_python" - "$corpus" "$dir/text" "$test_prefix" "$bpe_size" <<'PY'
 import sys, sentencepiece as spm
-corpus, out, test_prefix = sys.argv[1], sys.argv[2], sys.argv[3]
+corpus, out, test_prefix, bpe_size = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 spm.SentencePieceTrainer.train(input=f"{corpus}/train.en,{corpus}/train.de", model_prefix=f"{out}/spm",
-                               vocab_size=8000, model_type="bpe", character_coverage=1.0, minloglevel=2)
+                               vocab_size=bpe_size, model_type="bpe", character_coverage=1.0, minloglevel=2)
 sp = spm.SentencePieceProcessor(model_file=f"{out}/spm.model")
 for split, prefix in (("train", f"{corpus}/train"), ("valid", f"{corpus}/valid"), ("test", test_prefix)):
     for lang in ("en", "de"):
@@ -114,6 +116,7 @@ PY
     "$peer_bin/fairseq-train" "$dir/data-bin" --arch transformer --share-all-embeddings \
         --encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 3 --encoder-attention-heads 4 \
         --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-layers 3 --decoder-attention-heads 4 \
+        --encoder-normalize-before --decoder-normalize-before \
         --optimizer adam --criterion label_smoothed_cross_entropy "${train_flags[@]}" \
         --stop-time-hours "$(python3 -c "print($seconds / 3600)")" --save-dir "$dir/run" --no-epoch-checkpoints \
         --log-format simple --log-interval 50 "${cpu[@]}" "${fp16[@]}" > "$dir/train.log" 2>&1

@@ -7,23 +7,28 @@
 #
 # About 15 minutes on 2 CPU cores, most of it training (TRAIN_TIME). Re-running skips
 # finished steps and resumes training. Settings can be overridden from the environment:
-# WORK (output directory), TRAIN_TIME (training budget, e.g. 11m), MAX_UPDATE, ARCH, BPE_SIZE,
-# AVERAGE (checkpoints to average), SAVE_INTERVAL_UPDATES, LR, WARMUP, TRAIN_FLAGS (more `nmt train` flags).
+# WORK (output directory), TRAIN_TIME (training budget, e.g. 13m), MAX_UPDATE, ARCH, BPE_SIZE,
+# MAX_TOKENS, DROPOUT, AVERAGE (checkpoints to average), SAVE_INTERVAL_UPDATES, LR, WARMUP,
+# TRAIN_FLAGS (more `nmt train` flags).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_DIR=${1:-${DATA_DIR:-}}
 WORK=${WORK:-$ROOT/work/quickstart}
 ARCH=${ARCH:-transformer_small}
-TRAIN_TIME=${TRAIN_TIME:-11m}
+TRAIN_TIME=${TRAIN_TIME:-13m}
 MAX_UPDATE=${MAX_UPDATE:-100000}
 BPE_SIZE=${BPE_SIZE:-4000}
 AVERAGE=${AVERAGE:-3}
-SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-50}
-# Tuned for a 15-minute CPU budget (about 280 updates): a short warm-up to a high peak
-# rate, which pre-norm layers tolerate, and a 4k vocabulary that keeps the output layer cheap.
+SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-100}
+# Tuned for a 15-minute CPU budget (about 2.5 epochs): many small updates (at the same
+# token budget, 1k-token batches reached twice the BLEU of 4k-token ones), light dropout
+# (overfitting is not yet a risk), a high peak rate that pre-norm layers tolerate, and a
+# 4k vocabulary that keeps the output layer cheap.
+MAX_TOKENS=${MAX_TOKENS:-1024}
+DROPOUT=${DROPOUT:-0.1}
 LR=${LR:-2e-3}
-WARMUP=${WARMUP:-120}
+WARMUP=${WARMUP:-480}
 TRAIN_FLAGS=${TRAIN_FLAGS:-}
 WORKERS=${WORKERS:-$(nproc)}
 
@@ -48,9 +53,9 @@ RUN=$WORK/run
 if [ ! -f "$RUN/.done" ]; then
     say "train $ARCH for at most $TRAIN_TIME -> $RUN"
     nmt train "$DATA_BIN" --arch "$ARCH" --save-dir "$RUN" --share-all-embeddings --normalize-before \
-        --dropout 0.2 --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" $TRAIN_FLAGS \
-        --label-smoothing 0.1 --max-tokens 4096 --max-update "$MAX_UPDATE" --max-time "$TRAIN_TIME" \
-        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$AVERAGE" --log-interval 50
+        --dropout "$DROPOUT" --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" $TRAIN_FLAGS \
+        --label-smoothing 0.1 --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --max-time "$TRAIN_TIME" \
+        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$AVERAGE" --log-interval 100
     touch "$RUN/.done"
 fi
 
