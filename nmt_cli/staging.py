@@ -1,8 +1,8 @@
 """Build an output directory next to its destination and move it into place at the end.
 
-A run that is killed half-way leaves only a hidden `.NAME.partial-PID` sibling,
-never a destination that looks complete; the next run removes such leftovers
-once their process is gone.
+A run that is killed half-way leaves only a hidden `.NAME.partial-PID` sibling (or,
+killed while replacing an earlier output, `.NAME.old-PID`), never a destination that
+looks complete; the next run removes such leftovers once their process is gone.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from nmt_cli.errors import NmtError
 
 PARTIAL = ".partial-"
+REPLACED = ".old-"
 
 
 def check_destination(dest: Path, fingerprint: str, force: bool) -> bool:
@@ -54,7 +55,7 @@ def publish(staging: Path, dest: Path) -> None:
     """Move the finished `staging` directory to `dest`, replacing what was there."""
     old = None
     if dest.exists():
-        old = dest.parent / f".{dest.name}.old-{os.getpid()}"
+        old = dest.parent / f".{dest.name}{REPLACED}{os.getpid()}"
         os.rename(dest, old)
     os.rename(staging, dest)
     if old is not None:
@@ -62,12 +63,12 @@ def publish(staging: Path, dest: Path) -> None:
 
 
 def remove_dead_leftovers(dest: Path) -> None:
-    """Delete `.NAME.partial-PID` directories whose process no longer runs."""
-    prefix = f".{dest.name}{PARTIAL}"
-    for path in dest.parent.glob(f"{prefix}*"):
-        pid_text = path.name[len(prefix):]
-        if pid_text.isdigit() and not process_alive(int(pid_text)):
-            shutil.rmtree(path, ignore_errors=True)
+    """Delete `.NAME.partial-PID` and `.NAME.old-PID` directories whose process no longer runs."""
+    for prefix in (f".{dest.name}{PARTIAL}", f".{dest.name}{REPLACED}"):
+        for path in dest.parent.glob(f"{prefix}*"):
+            pid_text = path.name[len(prefix):]
+            if pid_text.isdigit() and not process_alive(int(pid_text)):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def process_alive(pid: int) -> bool:

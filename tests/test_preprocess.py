@@ -231,9 +231,10 @@ def test_round_trip_on_multi30k(tmp_path: Path) -> None:
 
 def test_leftovers_of_dead_runs_are_removed(corpus: Path) -> None:
     dead = corpus / ".data-bin.partial-4194305"  # above Linux's largest pid: no such process
+    dead_replaced = corpus / ".data-bin.old-4194305"  # killed between --force's two renames
     alive = corpus / f".data-bin.partial-{os.getppid()}"  # a running process: maybe another preprocess
-    for leftover in (dead, alive):
+    for leftover in (dead, dead_replaced, alive):
         leftover.mkdir()
         (leftover / "train.en-de.en.bin").write_bytes(b"partial")
     run(config(corpus))
-    assert not dead.exists() and alive.exists()
+    assert not dead.exists() and not dead_replaced.exists() and alive.exists()
