@@ -1,7 +1,9 @@
 """Training progress and RNG state: what a checkpoint must hold to resume exactly.
 
 Besides the keys of docs/FORMATS.md a training checkpoint holds `patience_counter`
-(validations without improvement), `log_records` (lines of train_log.jsonl written
+(validations without improvement), `validated_at` (the update of the latest validation,
+so that a resumed run does not validate that update again at the end of its epoch),
+`log_records` (lines of train_log.jsonl written
 so far, so that a resumed run rewrites the log from exactly that point) and
 `log_window` (the statistics gathered since the last log line, `Window.checkpoint_state`).
 """
@@ -34,6 +36,7 @@ class Progress:
     batches_done: int = 0
     best_metric: float | None = None
     patience_counter: int = 0
+    validated_at: int | None = None
     log_records: int = 0
 
 
@@ -45,6 +48,7 @@ def progress_to_checkpoint(progress: Progress, completed_epoch: int) -> dict[str
         "iterator": {"epoch": progress.epoch, "batches_done": progress.batches_done},
         "best_metric": progress.best_metric,
         "patience_counter": progress.patience_counter,
+        "validated_at": progress.validated_at,
         "log_records": progress.log_records,
     }
 
@@ -58,6 +62,7 @@ def progress_from_checkpoint(state: dict[str, Any], path: Path) -> Progress:
             batches_done=int(iterator["batches_done"]),
             best_metric=None if state["best_metric"] is None else float(state["best_metric"]),
             patience_counter=int(state.get("patience_counter", 0)),
+            validated_at=None if state.get("validated_at") is None else int(state["validated_at"]),
             log_records=int(state.get("log_records", 0)),
         )
     except (KeyError, TypeError, ValueError) as error:

@@ -75,7 +75,6 @@ class Trainer:
         self.start_updates = self.progress.num_updates
         self.consecutive_oom = 0
         self.skipped_oom = 0
-        self.validated_at: int | None = None  # the update of the latest validation
 
     # --- setup ------------------------------------------------------------------------
 
@@ -216,7 +215,7 @@ class Trainer:
         completed = progress.epoch
         is_best = False
         if (self.valid_split is not None and cfg.validate_interval and completed % cfg.validate_interval == 0
-                and self.validated_at != progress.num_updates):  # not twice for one update
+                and progress.validated_at != progress.num_updates):  # not twice for one update
             is_best = self._validate()
         progress.epoch, progress.batches_done = completed + 1, 0
         last_epoch = bool(cfg.max_epoch) and completed >= cfg.max_epoch
@@ -278,7 +277,7 @@ class Trainer:
         """Validate, update best metric and patience; True when this is the best so far."""
         self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist)
         metrics = evaluate(self.engine, self.valid_split, self.valid_batches)
-        self.validated_at = self.progress.num_updates
+        self.progress.validated_at = self.progress.num_updates
         value = metrics[self.cfg.best_checkpoint_metric]
         best = self.progress.best_metric
         is_best = best is None or value < best
