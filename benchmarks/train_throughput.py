@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common import self_peak_rss_mib
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
@@ -112,10 +113,7 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
 
 
 def process_peak_rss_gib() -> float:
-    """Peak resident memory of this process so far: VmHWM, which starts afresh at exec
-    (getrusage's ru_maxrss would include the parent's memory at fork time)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20
+    return self_peak_rss_mib() / 1024
 
 
 def print_profile(step: Callable[[int], None], device: torch.device) -> None:

@@ -3,8 +3,8 @@
 Besides the keys of docs/FORMATS.md a training checkpoint holds `patience_counter`
 (validations without improvement), `validated_at` (the update of the latest validation,
 so that a resumed run does not validate that update again at the end of its epoch),
-`log_records` (lines of train_log.jsonl written
-so far, so that a resumed run rewrites the log from exactly that point) and
+`log_records` (lines of train_log.jsonl written so far, so that a resumed run rewrites
+the log from exactly that point) and
 `log_window` (the statistics gathered since the last log line, `Window.checkpoint_state`).
 """
 
