@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
@@ -18,7 +19,7 @@ from nmt_cli.commands.model_options import model_options, overrides_from
 from nmt_cli.errors import NmtError
 from nmt_cli.models import transformer as transformer_module
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
-from nmt_cli.models.layers import sinusoidal_table
+from nmt_cli.models.layers import few_query_attention, sinusoidal_table
 from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
 
 PAD, EOS = 1, 2
@@ -99,7 +100,7 @@ def test_reorder_cache_matches_decoding_reordered_batch() -> None:
         model.decode_step(prev[:, : t + 1], encoder_out, cache)
     index = torch.tensor([2, 0, 0, 3, 1])  # reorder, duplicate (as beams do) and grow
     encoder_out = model.reorder_encoder_out(encoder_out, index)
-    model.reorder_cache(cache, index)
+    model.reorder_cache(cache, index, sentence_index=index)  # one row per sentence
     prev = prev[index]
     got = [model.decode_step(prev[:, : t + 1], encoder_out, cache) for t in range(3, 6)]
 
@@ -111,23 +112,48 @@ def test_reorder_cache_matches_decoding_reordered_batch() -> None:
     assert torch.equal(encoder_out.padding_mask, fresh_out.padding_mask)
 
 
-def test_reorder_within_sources_keeps_cross_attention_in_place() -> None:
-    """Beams of one sentence share encoder states: reordering among them may skip that part."""
+def test_beams_sharing_their_sentence_equal_one_row_per_sentence() -> None:
+    """K target rows per sentence attend to that sentence's encoder states, stored once;
+    that equals giving every row its own copy of the sentence, through reorders within
+    sentences and a sentence leaving the batch."""
     model = tiny_model(9)
     beams = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # two beams per source sentence
-    src, prev = SRC[beams], PREV[beams]
-    encoder_out = model.encode(src)
-    full_cache, lazy_cache = {}, {}
-    for t in range(2):
-        model.decode_step(prev[:, : t + 1], encoder_out, full_cache)
-        model.decode_step(prev[:, : t + 1], encoder_out, lazy_cache)
-    index = torch.tensor([1, 1, 2, 3, 5, 4, 7, 7])  # each row stays within its sentence
-    model.reorder_cache(full_cache, index)
-    model.reorder_cache(lazy_cache, index, same_sources=True)
-    prev = prev[index]
-    want = model.decode_step(prev[:, :3], encoder_out, full_cache)
-    got = model.decode_step(prev[:, :3], encoder_out, lazy_cache)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    prev = padded_batch(12, [5, 5, 5, 5, 5, 5, 5, 5], TGT_V, bos=EOS)
+    shared_out, shared = model.encode(SRC), {}
+    copied_out, copied = model.encode(SRC[beams]), {}
+    steps = {2: ([1, 1, 2, 3, 5, 4, 7, 7], None), 3: ([0, 1, 4, 4, 7, 6], [0, 2, 3])}
+    for t in range(prev.size(1)):
+        if t in steps:
+            index, sentences = (None if x is None else torch.tensor(x) for x in steps[t])
+            model.reorder_cache(shared, index, sentence_index=sentences)
+            model.reorder_cache(copied, index, sentence_index=index)
+            copied_out = model.reorder_encoder_out(copied_out, index)
+            if sentences is not None:
+                shared_out = model.reorder_encoder_out(shared_out, sentences)
+            prev = prev[index]
+        got = model.decode_step(prev[:, : t + 1], shared_out, shared)
+        want = model.decode_step(prev[:, : t + 1], copied_out, copied)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    assert shared["cross_kv"].size(2) == 3 and copied["cross_kv"].size(2) == 6  # stored per sentence
+
+
+def test_decode_step_needs_the_same_number_of_rows_per_sentence() -> None:
+    model = tiny_model(9)
+    with pytest.raises(ValueError, match="5 target rows for 4 sentences"):
+        model.decode_step(PREV[[0, 1, 2, 3, 3], :1], model.encode(SRC), {})
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_few_query_attention_matches_torch(queries: int) -> None:
+    torch.manual_seed(15)
+    B, H, S, Dh = 3, 2, 7, 8
+    q = torch.randn(B, H, queries, Dh, dtype=torch.float64)
+    k, v = torch.randn(2, B, H, S, Dh, dtype=torch.float64)
+    mask = torch.zeros(B, 1, 1, S, dtype=torch.float64)
+    mask[0, ..., 4:] = float("-inf")
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(few_query_attention(q, k, v, mask), want)
+    torch.testing.assert_close(few_query_attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v))
 
 
 def test_reorder_cache_can_drop_rows() -> None:
@@ -135,7 +161,7 @@ def test_reorder_cache_can_drop_rows() -> None:
     encoder_out, cache = model.encode(SRC), {}
     model.decode_step(PREV[:, :1], encoder_out, cache)
     keep = torch.tensor([3, 1])
-    model.reorder_cache(cache, keep)
+    model.reorder_cache(cache, keep, sentence_index=keep)
     got = model.decode_step(PREV[keep, :2], model.reorder_encoder_out(encoder_out, keep), cache)
     want = torch.log_softmax(model(SRC[keep], PREV[keep, :2]), dim=-1)[:, 1]
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
@@ -153,7 +179,7 @@ def test_repeated_reorders_follow_the_composed_reordering(monkeypatch: pytest.Mo
     for t in range(prev.size(1)):
         if t in reorders:
             index = torch.tensor(reorders[t])
-            model.reorder_cache(cache, index)
+            model.reorder_cache(cache, index, sentence_index=index)
             encoder_out = model.reorder_encoder_out(encoder_out, index)
             rows = rows[index]
         got = model.decode_step(prev[rows, : t + 1], encoder_out, cache)

@@ -35,7 +35,8 @@ class ScriptedDecoder:
     """Log-probs looked up by (sentence id, prefix); the sentence id is the first source token.
 
     It recomputes from the full prefix each step (no real cache), records the batch
-    size of every call, and checks that reorder_cache gets one index per row.
+    size of every call, and checks the search's promises: K target rows per sentence,
+    and reorders that keep every row with its sentence.
     """
 
     def __init__(self, table: dict[tuple[int, ...], list[float]], default: list[float] | None = None) -> None:
@@ -54,16 +55,22 @@ class ScriptedDecoder:
 
     def decode_step(self, prev_tokens, encoder_out, cache):
         self.batch_sizes.append(prev_tokens.size(0))
-        cache["rows"] = prev_tokens.size(0)
-        cache["sources"] = [int(s) for s in encoder_out]
+        beams, rest = divmod(prev_tokens.size(0), encoder_out.numel())
+        assert rest == 0, "K target rows per sentence"
+        cache["sentences"] = encoder_out.tolist()
+        cache["row_sentences"] = encoder_out.repeat_interleave(beams).tolist()
         assert bool((prev_tokens[:, 0] == EOS_ID).all())
-        rows = [self.lprobs(int(s), tuple(p[1:].tolist())) for s, p in zip(encoder_out, prev_tokens)]
+        rows = [self.lprobs(s, tuple(p[1:].tolist())) for s, p in zip(cache["row_sentences"], prev_tokens)]
         return torch.tensor(rows, dtype=torch.float32)
 
-    def reorder_cache(self, cache, index, same_sources=False):
-        assert index.numel() == cache["rows"] or index.max() < cache["rows"]
-        if same_sources:  # the search's promise: every row keeps its source sentence
-            assert [cache["sources"][i] for i in index.tolist()] == cache["sources"]
+    def reorder_cache(self, cache, index, sentence_index=None):
+        sentences = cache["sentences"]
+        if sentence_index is not None:
+            sentences = [sentences[i] for i in sentence_index.tolist()]
+        beams, rest = divmod(index.numel(), len(sentences))
+        assert rest == 0
+        # New row i continues a row of the sentence that becomes sentence i // K.
+        assert [cache["row_sentences"][i] for i in index.tolist()] == [s for s in sentences for _ in range(beams)]
 
 
 class RandomDecoder(ScriptedDecoder):

@@ -148,7 +148,7 @@ class Uncached:
     def decode_step(self, prev_tokens, encoder_out, cache):
         return self.model.decode_step(prev_tokens, encoder_out, {})
 
-    def reorder_cache(self, cache, index, same_sources=False):
+    def reorder_cache(self, cache, index, sentence_index=None):
         pass
 
     def reorder_encoder_out(self, encoder_out, index):

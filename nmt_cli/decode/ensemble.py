@@ -55,9 +55,9 @@ class Ensemble:
             return lprobs[0]
         return torch.logsumexp(lprobs, dim=0) - math.log(len(self.models))
 
-    def reorder_cache(self, cache: dict[str, Any], index: Tensor, same_sources: bool = False) -> None:
+    def reorder_cache(self, cache: dict[str, Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
         for m, c in zip(self.models, cache.get("models", [])):
-            m.reorder_cache(c, index, same_sources=same_sources)
+            m.reorder_cache(c, index, sentence_index=sentence_index)
 
     def reorder_encoder_out(self, encoder_out: list[Any], index: Tensor) -> list[Any]:
         return [m.reorder_encoder_out(enc, index) for m, enc in zip(self.models, encoder_out)]

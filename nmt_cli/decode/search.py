@@ -41,16 +41,22 @@ from nmt_cli.errors import NmtError
 
 
 class IncrementalDecoder(Protocol):
-    """What search needs from a model (or an ensemble of models)."""
+    """What search needs from a model (or an ensemble of models).
+
+    The encoder output is per sentence; `decode_step` gets K target rows per sentence
+    (the beams, K = 1 for greedy), a sentence's rows next to each other.
+    """
 
     def encode(self, src_tokens: Tensor) -> Any: ...
 
     def decode_step(self, prev_tokens: Tensor, encoder_out: Any, cache: dict[str, Any]) -> Tensor: ...
 
-    def reorder_cache(self, cache: dict[str, Any], index: Tensor, same_sources: bool = False) -> None:
-        """Select cache rows `index`; `same_sources`: each new row i keeps old row i's source sentence."""
+    def reorder_cache(self, cache: dict[str, Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
+        """Keep target rows `index` (new row i continues a row of the sentence that
+        becomes sentence i // K) and, when sentences leave, sentences `sentence_index`."""
 
-    def reorder_encoder_out(self, encoder_out: Any, index: Tensor) -> Any: ...
+    def reorder_encoder_out(self, encoder_out: Any, index: Tensor) -> Any:
+        """Keep sentences `index`, in that order."""
 
 
 @dataclass
@@ -246,8 +252,7 @@ def generate(
     shortest_max_len = min(max_len)  # before this step no sentence needs a forced </s>
     state = BeamState.start(torch.tensor(max_len, device=device), K, L)
     results = BeamState.start(state.max_len, K, L)  # finished sentences are copied here
-    encoder_out = model.encode(src_tokens)
-    encoder_out = model.reorder_encoder_out(encoder_out, torch.arange(B0, device=device).repeat_interleave(K))
+    encoder_out = model.encode(src_tokens)  # per sentence: the K beams of a sentence share it
     cache: dict[str, Any] = {}
     lagged_sync = device.type == "cuda" if lagged_sync is None else lagged_sync
     pending: _HostCopy | None = None  # last step's `done` flags, on their way to the host
@@ -268,7 +273,7 @@ def generate(
         state.done = state.done | state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
         rows = advance_beams(state, cands, lprobs, step, K)
         done = pending if lagged_sync else _HostCopy(state.done)
-        same_sources = True  # beams only move within their sentence, unless sentences leave below
+        kept_sentences = None  # all sentences stay, unless some leave below
         if done is not None:
             keep = done.get().logical_not().nonzero().squeeze(1).to(device)
             if keep.numel() == 0:
@@ -276,9 +281,9 @@ def generate(
             if keep.numel() < B:
                 _store_finished(results, state)
                 state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
-                same_sources = False
+                kept_sentences = keep
         pending = _HostCopy(state.done) if lagged_sync else None
-        model.reorder_cache(cache, rows, same_sources=same_sources)
+        model.reorder_cache(cache, rows, sentence_index=kept_sentences)
     _store_finished(results, state)
     return _best_hypotheses(results, cfg.nbest)
 
@@ -307,8 +312,7 @@ def _drop_done(
 ) -> tuple[BeamState, Tensor, Any]:
     """Keep only sentences `keep`: their state, their cache rows and their encoder output."""
     B = state.cum_scores.size(0)
-    sentence_rows = (keep.unsqueeze(1) * K + torch.arange(K, device=keep.device)).view(-1)
-    encoder_out = model.reorder_encoder_out(encoder_out, sentence_rows)
+    encoder_out = model.reorder_encoder_out(encoder_out, keep)
     return state.select(keep, K), rows.view(B, K)[keep].view(-1), encoder_out
 
 

@@ -122,6 +122,27 @@ def key_padding_to_attn_mask(padding_mask: Tensor) -> Tensor:
     return padding_mask.logical_not()[:, None, None, :]
 
 
+def few_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """Attention of a decoding step's few queries: q (B, H, n, Dh), k and v (B, H, S, Dh),
+    attn_mask None or additive (B, 1, 1, S) -> (B, H, n, Dh). No dropout.
+
+    On a CPU, scaled_dot_product_attention's kernel works through B * H tiny blocks one
+    by one; two batched matrix products do the same work about four times faster when n
+    is small. Elsewhere its fused kernel is the faster one. k and v must allow a
+    (B * H, S, Dh) view (the decoding cache lays them out so).
+    """
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    B, H, n, Dh = q.shape
+    S = k.size(2)
+    scores = torch.bmm(q.reshape(B * H, n, Dh), k.view(B * H, S, Dh).transpose(1, 2))  # (B*H, n, S)
+    scores = scores.view(B, H, n, S).mul_(Dh**-0.5)
+    if attn_mask is not None:
+        scores.add_(attn_mask)
+    probs = torch.softmax(scores, dim=-1).view(B * H, n, S)
+    return torch.bmm(probs, v.view(B * H, S, Dh)).view(B, H, n, Dh)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a fused q/k/v projection."""
 
@@ -205,6 +226,20 @@ class CrossAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=attn_mask, dropout_p=dropout)
         return self.out_proj(merge_heads(out))
 
+    def forward_cached(self, x: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> Tensor:
+        """Decoding: x (B*K, n, D) holds K target rows per source sentence, a sentence's rows
+        next to each other; k, v (B, H, S, Dh) and additive attn_mask (B, 1, 1, S) are per
+        sentence -> (B*K, n, D).
+
+        The K * n queries of a sentence attend as one block, so each sentence's keys and
+        values are stored and read once, not once per beam.
+        """
+        rows, n, D = x.shape
+        B = k.size(0)
+        q = split_heads(self.q_proj(x).view(B, rows // B * n, D), 1, self.num_heads)[:, 0]  # (B, H, K*n, Dh)
+        out = few_query_attention(q, k, v, attn_mask)
+        return self.out_proj(merge_heads(out)).view(rows, n, D)
+
 
 def maybe_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """F.dropout, skipped outright in eval mode (each skipped call saves time when decoding)."""
@@ -276,21 +311,30 @@ class DecoderLayer(nn.Module):
         self.fc2 = _linear(ffn_dim, dim)
         self.final_layer_norm = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, cross_kv: Tensor, cross_mask: Tensor,
-                self_kv_cache: Tensor | None = None, start: int = 0) -> Tensor:
-        """x (B, T, D) -> (B, T, D); cross_kv (B, 2, H, S, Dh), cross_mask (B, 1, 1, S).
-
-        Without `self_kv_cache`, x is a whole right-padded target prefix (teacher
-        forcing); with it (B, capacity, 2, H, Dh), x holds new tokens at `start`.
-        """
+    def forward(self, x: Tensor, cross_kv: Tensor, cross_mask: Tensor) -> Tensor:
+        """Teacher forcing: x (B, T, D), a whole right-padded target prefix -> (B, T, D);
+        cross_kv (B, 2, H, S, Dh), cross_mask (B, 1, 1, S)."""
         w = self.wiring
-        h = w.before(x, self.self_attn_layer_norm)
-        if self_kv_cache is None:
-            h = self.self_attn(h, None, True)
-        else:
-            h = self.self_attn.forward_cached(h, self_kv_cache, start)
+        h = self.self_attn(w.before(x, self.self_attn_layer_norm), None, True)
         x = w.after(h, x, self.self_attn_layer_norm)
         h = self.encoder_attn(w.before(x, self.encoder_attn_layer_norm), cross_kv, cross_mask)
-        x = w.after(h, x, self.encoder_attn_layer_norm)
+        return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))
+
+    def forward_cached(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor,
+                       self_kv_cache: Tensor, start: int) -> Tensor:
+        """Decoding: new tokens x (B*K, n, D) at positions start.. -> (B*K, n, D).
+
+        K target rows per source sentence (see CrossAttention.forward_cached); cross_k,
+        cross_v (B, H, S, Dh) and cross_mask (B, 1, 1, S) per sentence; self_kv_cache
+        (B*K, capacity, 2, H, Dh) per row.
+        """
+        w = self.wiring
+        h = self.self_attn.forward_cached(w.before(x, self.self_attn_layer_norm), self_kv_cache, start)
+        x = w.after(h, x, self.self_attn_layer_norm)
+        h = self.encoder_attn.forward_cached(w.before(x, self.encoder_attn_layer_norm), cross_k, cross_v, cross_mask)
+        return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        w = self.wiring
         h = w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2)
         return w.after(h, x, self.final_layer_norm)

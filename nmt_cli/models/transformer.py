@@ -3,22 +3,26 @@
 Teacher forcing: `model(src_tokens, prev_output_tokens) -> logits (B, T, V)`.
 Search: `encode`, then `decode_step` once per output position with a cache dict,
 `reorder_cache` / `reorder_encoder_out` when hypotheses are reordered or dropped.
+The encoder output and the cross-attention state are per source sentence; the target
+rows given to `decode_step` come K per sentence (K beams, or K = 1), a sentence's rows
+next to each other, and K is their number divided by the number of sentences.
 
 The decoding cache (a plain dict the caller creates empty) holds
   "length":    int, target positions already processed;
-  "self_kv":   (B, capacity, L, 2, H, Dh) self-attention keys/values of all L decoder
-               layers in one contiguous buffer, written in place and doubled in
+  "self_kv":   (B*K, capacity, L, 2, H, Dh) self-attention keys/values of all L
+               decoder layers in one contiguous buffer, written in place and doubled in
                capacity when full (no torch.cat per step);
   "self_kv_spare": None or a buffer of the same shape that `reorder_cache` gathers
                into before the two swap (allocating a fresh buffer at every step
                costs more than the copy on a CPU);
-  "cross_kv":  (B, L, 2, H, S, Dh) cross-attention keys/values, computed once from
-               the encoder output at the first step;
+  "cross_kv":  (L, 2, B, H, S, Dh) cross-attention keys/values per sentence, computed
+               once from the encoder output at the first step; each layer's keys and
+               values are contiguous (B, H, S, Dh) blocks;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads.
-Batch comes first so that `reorder_cache` is one row gather per tensor (on a GPU,
-several times faster than selecting along an inner dimension); in "self_kv" the
-position comes next, so that the filled prefix of a row is one contiguous block.
+In "self_kv" the row comes first, so that `reorder_cache` is one row gather (on a GPU,
+several times faster than selecting along an inner dimension), and the position next,
+so that the filled prefix of a row is one contiguous block.
 """
 
 from __future__ import annotations
@@ -133,11 +137,12 @@ class TransformerDecoder(nn.Module):
         return x if self.layer_norm is None else self.layer_norm(x)
 
     def forward_cached(self, new_tokens: Tensor, cache: dict) -> Tensor:
-        """New tokens (B, n) at positions cache["length"]... -> hidden states (B, n, D)."""
+        """New tokens (B*K, n) at positions cache["length"]... -> hidden states (B*K, n, D)."""
         start = cache["length"]
         x = self.embed(new_tokens, start)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cache["cross_kv"][:, i], cache["cross_mask"], cache["self_kv"][:, :, i], start)
+            cross_k, cross_v = cache["cross_kv"][i]  # (B, H, S, Dh) each
+            x = layer.forward_cached(x, cross_k, cross_v, cache["cross_mask"], cache["self_kv"][:, :, i], start)
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
@@ -187,14 +192,15 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, cache: dict) -> Tensor:
-        """prev_tokens (B, t) all tokens so far -> float32 log-probabilities (B, V) of the next.
+        """prev_tokens (B*K, t) all tokens so far -> float32 log-probabilities (B*K, V) of the next.
 
+        `encoder_out` holds B sentences; prev_tokens K rows for each, in sentence order.
         Only the tokens not yet in `cache` are run (normally the last one; on the
         first call a whole forced prefix may be given). `encoder_out` is read on
         the first call only; afterwards the cache holds what the decoder needs.
         """
         if not cache:
-            self._start_cache(encoder_out, cache)
+            self._start_cache(encoder_out, prev_tokens.size(0), cache)
         start = cache["length"]
         new_tokens = prev_tokens[:, start:]  # (B, n)
         if new_tokens.size(1) == 0:
@@ -205,17 +211,21 @@ class Transformer(nn.Module):
         logits = self.decoder.output_projection(hidden[:, -1])  # (B, V)
         return F.log_softmax(logits.float(), dim=-1)
 
-    def _start_cache(self, encoder_out: EncoderOut, cache: dict) -> None:
+    def _start_cache(self, encoder_out: EncoderOut, rows: int, cache: dict) -> None:
+        sentences = encoder_out.out.size(0)
+        if rows % sentences != 0:
+            raise ValueError(f"decode_step got {rows} target rows for {sentences} sentences; it needs K per sentence")
         layers = self.decoder.layers
-        cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out) for layer in layers], dim=1)
-        B, L, _, H, _, Dh = cross_kv.shape  # (B, L, 2, H, S, Dh)
+        # project_kv gives (B, 2, H, S, Dh) per layer; stacked as (L, 2, B, H, S, Dh).
+        cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out).transpose(0, 1) for layer in layers])
+        L, _, B, H, _, Dh = cross_kv.shape
         cache["length"] = 0
         cache["cross_kv"] = cross_kv
         # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
         cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
             allowed.logical_not(), float("-inf"))
-        cache["self_kv"] = cross_kv.new_empty(B, INITIAL_CACHE_CAPACITY, L, 2, H, Dh)
+        cache["self_kv"] = cross_kv.new_empty(rows, INITIAL_CACHE_CAPACITY, L, 2, H, Dh)
         cache["self_kv_spare"] = None
 
     @staticmethod
@@ -231,14 +241,13 @@ class Transformer(nn.Module):
         cache["self_kv"] = new
         cache["self_kv_spare"] = None
 
-    def reorder_cache(self, cache: dict, index: Tensor, same_sources: bool = False) -> None:
-        """Keep rows `index` (B',) of every cached tensor, in that order (beam reordering).
+    def reorder_cache(self, cache: dict, index: Tensor, sentence_index: Tensor | None = None) -> None:
+        """Keep target rows `index` (B'*K,), in that order (beam reordering), and, when
+        sentences leave the batch, sentences `sentence_index` (B',), in that order.
 
-        `same_sources`: the caller promises that new row i comes from a row of the same
-        source sentence as old row i (beams moving within their sentence, as in beam
-        search while no sentence leaves the batch). The cross-attention keys/values are
-        then identical across those rows and stay where they are, as in fairseq; on a
-        CPU that gather was a third of decoding time.
+        New row i must continue a row of the sentence that becomes sentence i // K:
+        beams move within their sentence. With `sentence_index` None, every sentence
+        stays where it is and the per-sentence cross-attention state is not touched.
         """
         if not cache:
             return
@@ -250,9 +259,10 @@ class Transformer(nn.Module):
             spare = old.new_empty((index.numel(), *old.shape[1:]))
         torch.index_select(old[:, :length], 0, index, out=spare[:, :length])
         cache["self_kv"], cache["self_kv_spare"] = spare, old
-        if not same_sources:
-            cache["cross_kv"] = cache["cross_kv"][index]
-            cache["cross_mask"] = cache["cross_mask"][index]
+        if sentence_index is not None:
+            cache["cross_kv"] = cache["cross_kv"].index_select(2, sentence_index)
+            cache["cross_mask"] = cache["cross_mask"][sentence_index]
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
+        """Keep sentences `index` (B',) of the encoder output, in that order."""
         return EncoderOut(out=encoder_out.out[index], padding_mask=encoder_out.padding_mask[index])
