@@ -124,8 +124,18 @@ def timed(torch, args, run_batch, rows) -> float:
     return best
 
 
+def as_nmt_translate(args: argparse.Namespace) -> None:
+    """The process settings `nmt translate` makes before decoding."""
+    from nmt_cli.host_memory import keep_freed_memory
+
+    if not args.device.startswith("cuda"):
+        keep_freed_memory()
+
+
 def measure_nmt(args: argparse.Namespace, beam: int) -> float:
     import torch
+
+    as_nmt_translate(args)
 
     from nmt_cli.config import DecodeConfig
     from nmt_cli.decode.search import generate
@@ -278,6 +288,7 @@ def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path) -> float:
     from nmt_cli.config import DecodeConfig
     from nmt_cli.decode.search import generate
 
+    as_nmt_translate(args)
     state = load_checkpoint(checkpoint)
     model = model_from_checkpoint(state, checkpoint).to(args.device).eval()
     decode = DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)

@@ -37,6 +37,7 @@ from nmt_cli.data.batching import make_batches
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
 from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
@@ -88,6 +89,8 @@ def synchronize(device: torch.device) -> None:
 
 
 def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
+    if device.type == "cpu":
+        keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
     with tempfile.TemporaryDirectory() as tmp:
         count = args.batch_size * (args.steps + args.warmup)
         write_fixed_length_data_bin(Path(tmp), args.vocab, count, args.seq_len, seed=0)

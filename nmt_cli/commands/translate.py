@@ -133,9 +133,12 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
 
     from nmt_cli.decode.lines import chunks, read_lines
     from nmt_cli.decode.translator import Translator
+    from nmt_cli.host_memory import keep_freed_memory
 
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    if torch.device(cfg.device).type == "cpu":
+        keep_freed_memory()
     torch.manual_seed(cfg.decode.seed)
     translator = Translator(cfg, warn=lambda message: click.echo(message, err=True))
     source_name = "<stdin>" if input_path == "-" else input_path

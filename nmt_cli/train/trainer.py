@@ -21,6 +21,7 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
+from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
@@ -43,6 +44,8 @@ class TrainResult:
 def train(cfg: TrainConfig, model_cfg: ModelConfig) -> TrainResult:
     """Train (or resume training) as `cfg` says; return where it stopped and why."""
     dist = distributed.setup(cfg.device)
+    if dist.device.type == "cpu":
+        keep_freed_memory()  # each update frees and reallocates the same activations
     try:
         return Trainer(cfg, model_cfg, dist).run()
     finally:

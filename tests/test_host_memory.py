@@ -1,0 +1,37 @@
+"""keep_freed_memory: freed blocks stay with the process for reuse (checked in a fresh process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+# Prints how much resident memory (MiB) freeing a written 64 MiB block gives back.
+FREED_MIB = """
+import sys
+from nmt_cli.host_memory import keep_freed_memory
+if sys.argv[1] == "keep" and not keep_freed_memory():
+    print("unsupported")
+    sys.exit()
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+block = b"\\x01" * (64 * 2**20)
+before = resident_mib()
+del block
+print(before - resident_mib())
+"""
+
+
+def freed_mib(mode: str) -> str:
+    return subprocess.run([sys.executable, "-c", FREED_MIB, mode], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_freed_memory_stays_with_the_process() -> None:
+    kept = freed_mib("keep")
+    if kept == "unsupported":
+        pytest.skip("the C library is not glibc")
+    assert float(freed_mib("default")) > 48  # the default: the block goes back to the system
+    assert float(kept) < 8
