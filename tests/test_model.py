@@ -18,6 +18,7 @@ from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
 from nmt_cli.errors import NmtError
 from nmt_cli.models import transformer as transformer_module
+from nmt_cli.models.transformer import vocabulary_logits
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
 from nmt_cli.models.layers import few_query_attention, sinusoidal_table
 from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
@@ -508,3 +509,12 @@ def test_info_rejects_bad_flag_combinations() -> None:
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [result.output.strip()]
     assert result.output.startswith("error: ") and "joined dictionary" in result.output
+
+
+def test_vocabulary_logits_equal_torch_linear() -> None:
+    torch.manual_seed(16)
+    weight = torch.randn(50, 12)
+    hidden = torch.randn(7, 3, 12)[:, -1]  # a strided (N, D) view, as decode_step passes it
+    torch.testing.assert_close(vocabulary_logits(hidden, weight), F.linear(hidden, weight), atol=1e-5, rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert vocabulary_logits(hidden, weight).dtype == torch.bfloat16  # autocast is obeyed
