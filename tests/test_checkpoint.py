@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from nmt_cli.checkpoint import (
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model, count_parameters, resolve_config
+from nmt_cli.train.saving import replace_atomically
 
 SRC_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"s{i}" for i in range(20)]
 TGT_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(28)]
@@ -272,3 +274,23 @@ def test_info_reports_a_bad_checkpoint_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["info", "--path", str(bad)])
     assert result.exit_code == 1 and "not those of the architecture" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_run_directory_files_are_replaced_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy that dies half-way (a full disk, a kill) leaves the previous file, and no
+    temporary file, behind."""
+    target = tmp_path / "meta.json"
+    target.write_text('{"old": true}\n')
+    source = tmp_path / "source.json"
+    source.write_text('{"new": true, "padding": "' + "x" * 1000 + '"}\n')
+
+    def dies_half_way(src: Path, dst: Path) -> None:
+        Path(dst).write_bytes(Path(src).read_bytes()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError):
+        replace_atomically(target, lambda tmp: dies_half_way(source, tmp))
+    assert target.read_text() == '{"old": true}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "source.json"]
+    replace_atomically(target, lambda tmp: shutil.copyfile(source, tmp))
+    assert target.read_text() == source.read_text()

@@ -11,6 +11,8 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +45,27 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     """
     names = ["meta.json", f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
     names += sorted(p.name for p in data.path.glob("*.model"))
+    config = {"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}
+    config_text = json.dumps(config, indent=2) + "\n"
     try:
         for name in dict.fromkeys(names):
-            shutil.copyfile(data.path / name, save_dir / name)
-        config = {"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}
-        (save_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+            replace_atomically(save_dir / name, partial(shutil.copyfile, data.path / name))
+        replace_atomically(save_dir / "config.json", lambda tmp: tmp.write_text(config_text, encoding="utf-8"))
     except OSError as error:
         raise NmtError(f"cannot prepare run directory {save_dir}: {error.strerror or error} ({error.filename})") from None
+
+
+def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
+    """`write` a temporary file beside `target`, then rename it over `target`: a process
+    killed at any moment leaves the old file (or none), never part of the new one."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        remove_stale_temp_files(target)
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:
@@ -70,13 +86,9 @@ def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -
     first = save_dir / names[0]
     save_checkpoint(state, first)
     for name in names[1:]:
-        tmp = save_dir / f".{name}.{os.getpid()}.tmp"
         try:
-            remove_stale_temp_files(save_dir / name)
-            shutil.copyfile(first, tmp)
-            os.replace(tmp, save_dir / name)
+            replace_atomically(save_dir / name, partial(shutil.copyfile, first))
         except OSError as error:
-            tmp.unlink(missing_ok=True)
             raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
 
 
