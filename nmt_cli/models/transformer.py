@@ -229,11 +229,11 @@ class Transformer(nn.Module):
         if not cache:
             self._start_cache(encoder_out, prev_tokens.size(0), cache)
         start = cache["length"]
-        new_tokens = prev_tokens[:, start:]  # (B, n)
+        new_tokens = prev_tokens[:, start:]  # (B*K, n)
         if new_tokens.size(1) == 0:
             raise ValueError(f"decode_step got {prev_tokens.size(1)} tokens but the cache already holds {start}")
         self._ensure_capacity(cache, start + new_tokens.size(1))
-        hidden = self.decoder.forward_cached(new_tokens, cache)  # (B, n, D)
+        hidden = self.decoder.forward_cached(new_tokens, cache)  # (B*K, n, D)
         cache["length"] = start + new_tokens.size(1)
         logits = vocabulary_logits(hidden[:, -1], self.decoder.output_projection.weight)  # (B*K, V)
         return F.log_softmax(logits.float(), dim=-1)
@@ -245,7 +245,7 @@ class Transformer(nn.Module):
         layers = self.decoder.layers
         # project_kv gives (B, 2, H, S, Dh) per layer; stacked as (L, 2, B, H, S, Dh).
         cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out).transpose(0, 1) for layer in layers])
-        L, _, B, H, _, Dh = cross_kv.shape
+        L, _, _, H, _, Dh = cross_kv.shape
         cache["length"] = 0
         cache["cross_kv"] = cross_kv
         # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
