@@ -135,12 +135,11 @@ def as_nmt_translate(args: argparse.Namespace) -> None:
 def measure_nmt(args: argparse.Namespace, beam: int) -> float:
     import torch
 
-    as_nmt_translate(args)
-
     from nmt_cli.config import DecodeConfig
     from nmt_cli.decode.search import generate
     from nmt_cli.models.registry import build_model, resolve_config
 
+    as_nmt_translate(args)
     torch.manual_seed(args.seed)
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
     if args.arch == "transformer_small":  # the peer's model must have the same sizes
