@@ -8,11 +8,10 @@ checkpoint behind and never damages the previous one.
 
 from __future__ import annotations
 
-import glob
 import os
 import re
-import secrets
 import warnings
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model
 from nmt_cli.models.transformer import Transformer
-from nmt_cli.staging import process_alive
+from nmt_cli.staging import replace_atomically
 
 FORMAT_VERSION = 1
 
@@ -31,42 +30,21 @@ FORMAT_VERSION = 1
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     """Write `state` to `path` atomically; on failure the previous file at `path` is intact."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temp_files(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_atomically(path, partial(_save_synced, state))
     except (OSError, RuntimeError) as error:
         # torch reports some write failures (inside its zip writer) as RuntimeError.
-        _remove_quietly(tmp)
         reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
         raise NmtError(f"cannot write checkpoint {path}: {reason}") from None
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
     _fsync_directory(path.parent)
 
 
-def remove_stale_temp_files(path: Path) -> None:
-    """Delete `.NAME.PID[.HEX].tmp` files next to `path` left by killed processes (they hold
-    partial checkpoints as large as real ones); those of live processes are theirs to finish."""
-    prefix = f".{path.name}."
-    for candidate in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        pid_text = candidate.name[len(prefix):].split(".")[0]
-        if pid_text.isdigit() and not process_alive(int(pid_text)):
-            _remove_quietly(candidate)
-
-
-def _remove_quietly(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass
+def _save_synced(state: dict[str, Any], tmp: Path) -> None:
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _fsync_directory(directory: Path) -> None:

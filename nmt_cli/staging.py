@@ -1,15 +1,18 @@
-"""Build an output directory next to its destination and move it into place at the end.
+"""Build an output (a directory or a file) next to its destination and move it into place.
 
-A run that is killed half-way leaves only a hidden `.NAME.partial-PID` sibling (or,
-killed while replacing an earlier output, `.NAME.old-PID`), never a destination that
-looks complete; the next run removes such leftovers once their process is gone.
+A run that is killed half-way leaves only a hidden sibling: `.NAME.partial-PID` (or,
+killed while replacing an earlier output, `.NAME.old-PID`) for a directory,
+`.NAME.PID[.HEX].tmp` for a file; never a destination that looks complete. The next
+run removes such leftovers once their process is gone.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from nmt_cli.errors import NmtError
@@ -64,11 +67,42 @@ def publish(staging: Path, dest: Path) -> None:
 
 def remove_dead_leftovers(dest: Path) -> None:
     """Delete `.NAME.partial-PID` and `.NAME.old-PID` directories whose process no longer runs."""
-    for prefix in (f".{dest.name}{PARTIAL}", f".{dest.name}{REPLACED}"):
-        for path in dest.parent.glob(f"{prefix}*"):
-            pid_text = path.name[len(prefix):]
-            if pid_text.isdigit() and not process_alive(int(pid_text)):
-                shutil.rmtree(path, ignore_errors=True)
+    for marker in (PARTIAL, REPLACED):
+        for path in leftovers_of_dead_processes(dest.parent, f".{dest.name}{marker}"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
+    """`write` a temporary file beside `target`, then rename it over `target`: a process
+    killed at any moment leaves the old file (or none), never part of the new one."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        remove_stale_temp_files(target)
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_stale_temp_files(path: Path) -> None:
+    """Delete `.NAME.PID[.HEX].tmp` files next to `path` left by killed processes (they can
+    be as large as a checkpoint); those of live processes are theirs to finish."""
+    for candidate in leftovers_of_dead_processes(path.parent, f".{path.name}.", ".tmp"):
+        try:
+            candidate.unlink()
+        except OSError:
+            pass
+
+
+def leftovers_of_dead_processes(directory: Path, prefix: str, suffix: str = "") -> list[Path]:
+    """Entries `{prefix}PID[.MORE]{suffix}` of `directory` whose process PID no longer runs."""
+    found = []
+    for path in directory.glob(f"{glob.escape(prefix)}*{suffix}"):
+        pid_text = path.name[len(prefix):].split(".")[0]
+        if pid_text.isdigit() and not process_alive(int(pid_text)):
+            found.append(path)
+    return found
 
 
 def process_alive(pid: int) -> bool:

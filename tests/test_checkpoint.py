@@ -25,7 +25,7 @@ from nmt_cli.checkpoint import (
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model, count_parameters, resolve_config
-from nmt_cli.train.saving import replace_atomically
+from nmt_cli.staging import replace_atomically
 
 SRC_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"s{i}" for i in range(20)]
 TGT_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(28)]

@@ -10,7 +10,6 @@ U+2581 (`▁`) in the input text is read back as a word boundary.
 from __future__ import annotations
 
 import io
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from nmt_cli.errors import NmtError
+from nmt_cli.staging import replace_atomically
 
 WORD_START = "\u2581"
 # sentencepiece's learned model depends on its thread count; a fixed count keeps
@@ -70,12 +70,9 @@ def learn_bpe(
 
 def _write_file(path: Path, data: bytes) -> None:
     """Write under a temporary name, then rename: the model never exists half-written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        replace_atomically(path, lambda tmp: tmp.write_bytes(data))
     except OSError as error:
-        tmp.unlink(missing_ok=True)
         raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
 
 

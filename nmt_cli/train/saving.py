@@ -11,15 +11,15 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.checkpoint import remove_stale_temp_files, save_checkpoint
+from nmt_cli.checkpoint import save_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
+from nmt_cli.staging import replace_atomically
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
@@ -53,19 +53,6 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
         replace_atomically(save_dir / "config.json", lambda tmp: tmp.write_text(config_text, encoding="utf-8"))
     except OSError as error:
         raise NmtError(f"cannot prepare run directory {save_dir}: {error.strerror or error} ({error.filename})") from None
-
-
-def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
-    """`write` a temporary file beside `target`, then rename it over `target`: a process
-    killed at any moment leaves the old file (or none), never part of the new one."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        remove_stale_temp_files(target)
-        write(tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:
