@@ -44,8 +44,9 @@ TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-s
         "--lr", "3e-3", "--warmup-updates", "20", "--device", "cpu"]
 # Files a run directory may hold besides checkpoints.
 RUN_FILES = {"meta.json", "dict.src.txt", "dict.tgt.txt", "config.json", "train_log.jsonl"}
-# What a checkpoint write in progress looks like: a hidden temporary file.
-TEMP_NAME = re.compile(r"^\.checkpoint.*\.tmp$")
+# What a write in progress looks like: a hidden temporary file, for a checkpoint or for
+# one of the run files (they are replaced whole too).
+TEMP_NAME = re.compile(r"^\.(checkpoint|meta\.json|dict\.|config\.json).*\.tmp$")
 KILLS = 24  # kill points of the training run (CI requires at least 20)
 
 
