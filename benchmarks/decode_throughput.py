@@ -36,8 +36,9 @@ HERE = Path(__file__).resolve().parent
 PEER_VENV = HERE / ".peer-hf" / ".venv"
 PEER_CONSTRAINTS = HERE / "peer-constraints.txt"
 PAD, EOS, BOS = 1, 2, 0
-# transformer_small's sizes, used by the peer process (which cannot import nmt_cli).
-SIZES = {"d_model": 256, "ffn": 1024, "layers": 3, "heads": 4}
+# The peer processes cannot import nmt_cli: the main process passes the sizes of --arch
+# as --peer-sizes d_model,ffn,layers,heads (these are transformer_small's).
+DEFAULT_PEER_SIZES = "256,1024,3,4"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,8 +67,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "on the same fairseq weights (via `nmt import-fairseq`)")
     p.add_argument("--system", choices=("all", "hf", "fairseq-checkpoint", "fairseq", "ct2"), default="all", help=argparse.SUPPRESS)
     p.add_argument("--work-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--peer-sizes", default=DEFAULT_PEER_SIZES, help=argparse.SUPPRESS)
     p.add_argument("--compute-type", default="float32", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def peer_sizes(args: argparse.Namespace) -> dict[str, int]:
+    d_model, ffn, layers, heads = (int(n) for n in args.peer_sizes.split(","))
+    return {"d_model": d_model, "ffn": ffn, "layers": layers, "heads": heads}
+
+
+def arch_sizes(arch: str) -> str:
+    """--peer-sizes for an nmt preset (the main process only: it imports nmt_cli)."""
+    from nmt_cli.models.registry import resolve_config
+
+    cfg = resolve_config(arch, {})
+    return f"{cfg.encoder_embed_dim},{cfg.encoder_ffn_embed_dim},{cfg.encoder_layers},{cfg.encoder_attention_heads}"
 
 
 def source_sentences(args: argparse.Namespace) -> list[list[int]]:
@@ -142,9 +157,6 @@ def measure_nmt(args: argparse.Namespace, beam: int) -> float:
     as_nmt_translate(args)
     torch.manual_seed(args.seed)
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
-    if args.arch == "transformer_small":  # the peer's model must have the same sizes
-        assert (cfg.encoder_embed_dim, cfg.encoder_ffn_embed_dim, cfg.encoder_layers, cfg.encoder_attention_heads) == (
-            SIZES["d_model"], SIZES["ffn"], SIZES["layers"], SIZES["heads"])
     model = build_model(cfg, args.vocab, args.vocab).to(args.device).eval()
     decode = DecodeConfig(beam=beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
 
@@ -161,10 +173,11 @@ def measure_hf(args: argparse.Namespace) -> float:
     from transformers import MarianConfig, MarianMTModel
 
     torch.manual_seed(args.seed)
+    sizes = peer_sizes(args)
     config = MarianConfig(
-        vocab_size=args.vocab, d_model=SIZES["d_model"], encoder_layers=SIZES["layers"], decoder_layers=SIZES["layers"],
-        encoder_attention_heads=SIZES["heads"], decoder_attention_heads=SIZES["heads"],
-        encoder_ffn_dim=SIZES["ffn"], decoder_ffn_dim=SIZES["ffn"], max_position_embeddings=1024,
+        vocab_size=args.vocab, d_model=sizes["d_model"], encoder_layers=sizes["layers"], decoder_layers=sizes["layers"],
+        encoder_attention_heads=sizes["heads"], decoder_attention_heads=sizes["heads"],
+        encoder_ffn_dim=sizes["ffn"], decoder_ffn_dim=sizes["ffn"], max_position_embeddings=1024,
         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, activation_function="relu",
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=EOS,
         scale_embedding=True, share_encoder_decoder_embeddings=True,
@@ -208,13 +221,14 @@ def run_peer(args: argparse.Namespace, argv: list[str]) -> float | str:
     return float(json.loads(proc.stdout.strip().splitlines()[-1])["seconds"])
 
 
-def fairseq_flags(work_dir: Path, seed: int) -> list[str]:
-    """fairseq-train flags for transformer_small's sizes with shared embeddings."""
-    sizes = ["--encoder-embed-dim", str(SIZES["d_model"]), "--encoder-ffn-embed-dim", str(SIZES["ffn"]),
-             "--encoder-layers", str(SIZES["layers"]), "--encoder-attention-heads", str(SIZES["heads"])]
-    sizes += [flag.replace("encoder", "decoder") for flag in sizes]
-    return [str(work_dir), "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "transformer",
-            "--share-all-embeddings", *sizes, "--dropout", "0.0", "--seed", str(seed)]
+def fairseq_flags(args: argparse.Namespace) -> list[str]:
+    """fairseq-train flags for the --peer-sizes with shared embeddings."""
+    sizes = peer_sizes(args)
+    flags = ["--encoder-embed-dim", str(sizes["d_model"]), "--encoder-ffn-embed-dim", str(sizes["ffn"]),
+             "--encoder-layers", str(sizes["layers"]), "--encoder-attention-heads", str(sizes["heads"])]
+    flags += [flag.replace("encoder", "decoder") for flag in flags]
+    return [str(args.work_dir), "--task", "translation", "-s", "src", "-t", "tgt", "--arch", "transformer",
+            "--share-all-embeddings", *flags, "--dropout", "0.0", "--seed", str(args.seed)]
 
 
 def make_fairseq_checkpoint(args: argparse.Namespace) -> None:
@@ -225,7 +239,7 @@ def make_fairseq_checkpoint(args: argparse.Namespace) -> None:
 
     for lang in ("src", "tgt"):  # fairseq adds <s>, <pad>, </s>, <unk> itself: V in all
         (args.work_dir / f"dict.{lang}.txt").write_text("".join(f"w{i} 1\n" for i in range(4, args.vocab)))
-    fairseq_args = options.parse_args_and_arch(options.get_training_parser(), fairseq_flags(args.work_dir, args.seed))
+    fairseq_args = options.parse_args_and_arch(options.get_training_parser(), fairseq_flags(args))
     torch.manual_seed(args.seed)
     model = tasks.setup_task(fairseq_args).build_model(fairseq_args)
     history = [{"criterion_name": "LabelSmoothedCrossEntropyCriterion", "optimizer_name": "FairseqAdam",
@@ -374,9 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     ours = measure_nmt(args, args.beam)
     report(f"nmt beam{args.beam}", args, ours)
     report("nmt greedy", args, measure_nmt(args, 1))
-    if args.arch != "transformer_small":
-        print("# the Hugging Face model has transformer_small's sizes; skipped for other --arch")
-        return
+    argv = [*argv, "--peer-sizes", arch_sizes(args.arch)]  # every peer builds a model of --arch's sizes
     theirs = "skipped (--skip-peer)" if args.skip_peer else run_peer(args, argv)
     report(f"hf beam{args.beam}", args, theirs)
     if not isinstance(theirs, str):

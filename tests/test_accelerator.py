@@ -1,0 +1,200 @@
+"""The GPU code paths against the CPU, which the other test modules check against
+independent truth (naive references, torch's own modules, fairseq).
+
+Every check runs once per device. On a machine without CUDA only the CPU rows run,
+which keeps the checks themselves honest; on a GPU machine the same checks compare
+what runs only there (scaled_dot_product_attention's CUDA kernels, fused AdamW, the
+search's pinned-memory host copies, bf16 and fp16 autocast, GradScaler, checkpoints
+written from GPU tensors) with the CPU:
+
+    python3 -m pytest -q tests/test_accelerator.py
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from databin_utils import reversal_data_bin, reversal_pairs
+
+from nmt_cli.cli import main
+from nmt_cli.config import DecodeConfig, TrainConfig
+from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.decode.search import generate
+from nmt_cli.models.registry import build_model, resolve_config
+from nmt_cli.train.distributed import DistInfo
+from nmt_cli.train.step import build_engine, train_update
+
+PAD, EOS = 1, 2
+SRC_V, TGT_V = 23, 29
+DEVICES = [
+    pytest.param("cpu"),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
+
+
+@pytest.fixture(autouse=True)
+def exact_float32(monkeypatch):
+    """Full float32 matrix products on the GPU: TF32 would round inputs to 10 bits."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+def tiny_model(seed: int, **overrides) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
+    return build_model(cfg, SRC_V, TGT_V).eval()
+
+
+def random_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = None) -> torch.Tensor:
+    """Right-padded (B, max(lengths)) random tokens; the first column is `bos` when given,
+    the last real token `</s>` otherwise (a source)."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.full((len(lengths), max(lengths)), PAD)
+    for row, length in enumerate(lengths):
+        tokens[row, :length] = torch.randint(4, vocab, (length,), generator=gen)
+        if bos is not None:
+            tokens[row, 0] = bos
+        else:
+            tokens[row, length - 1] = EOS
+    return tokens
+
+
+SRC = random_batch(1, [7, 4, 5, 2], SRC_V)
+PREV = random_batch(2, [6, 6, 6, 6], TGT_V, bos=EOS)
+
+
+def teacher_forced_log_probs(model: torch.nn.Module, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) in float64 on the CPU: the reference every device is held to."""
+    reference = copy.deepcopy(model).cpu().double()
+    with torch.no_grad():
+        return torch.log_softmax(reference(src, prev), dim=-1)
+
+
+def decode_all_steps(model, src: torch.Tensor, prev: torch.Tensor, beams: int) -> torch.Tensor:
+    """Incremental decoding of `prev`, each sentence's row repeated for `beams` beams:
+    (B * beams, T, V) float32 log-probs."""
+    encoder_out, cache = model.encode(src), {}
+    rows = prev.repeat_interleave(beams, dim=0)
+    steps = [model.decode_step(rows[:, : t + 1], encoder_out, cache) for t in range(rows.size(1))]
+    return torch.stack(steps, dim=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cached_decoding_on_device_matches_teacher_forcing(device: str) -> None:
+    model = tiny_model(3, normalize_before=True).to(device)
+    expected = teacher_forced_log_probs(model, SRC, PREV).repeat_interleave(4, dim=0)
+    got = decode_all_steps(model, SRC.to(device), PREV.to(device), beams=4)
+    assert got.dtype == torch.float32 and got.device.type == device
+    torch.testing.assert_close(got.cpu().double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_decoding_stays_close_to_float32(device: str) -> None:
+    model = tiny_model(4).to(device)
+    expected = teacher_forced_log_probs(model, SRC, PREV)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = decode_all_steps(model, SRC.to(device), PREV.to(device), beams=1)
+    assert got.dtype == torch.float32  # the search always gets float32 log-probs
+    # bf16 keeps 8 significant bits: log-probs of this tiny model move by a few hundredths.
+    error = (got.cpu().double() - expected).abs()
+    assert 1e-4 < error.max() < 0.1 and error.mean() < 0.02  # rounded, so autocast did act, but close
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lagged_sync", [False, True])
+def test_beam_search_on_device_equals_cpu(device: str, lagged_sync: bool) -> None:
+    model = tiny_model(5, share_decoder_input_output_embed=True)
+    src = random_batch(6, [9, 3, 12, 5, 7, 2], SRC_V)
+    cfg = DecodeConfig(beam=3, nbest=3, lenpen=0.6, lenpen_style="gnmt", max_len_a=1.0, max_len_b=4)
+    expected = generate(model, src, cfg, max_target_positions=1024, lagged_sync=False)
+    got = generate(model.to(device), src.to(device), cfg, max_target_positions=1024, lagged_sync=lagged_sync)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+    for hyps, want in zip(got, expected):
+        for h, w in zip(hyps, want):
+            assert h.score == pytest.approx(w.score, abs=1e-5)
+            np.testing.assert_allclose(h.positional_scores, w.positional_scores, atol=1e-5)
+
+
+# --- training ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory) -> Path:
+    return reversal_data_bin(tmp_path_factory.mktemp("data") / "bin", train=160, valid=16)
+
+
+def make_engine(data_bin: Path, device: str, precision: str = "fp32"):
+    cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", lr=1e-2,
+                      lr_scheduler="fixed", label_smoothing=0.1, precision=precision)
+    model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})  # no dropout: no device RNG involved
+    data = load_data_bin(data_bin)
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(device))
+    engine = build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist)
+    torch.backends.cuda.matmul.allow_tf32 = False  # build_engine turns TF32 on for fp32 GPU training
+    torch.backends.cudnn.allow_tf32 = False
+    return engine, data.split("train")
+
+
+def run_updates(engine, split, updates: int) -> list[float]:
+    losses = []
+    for step in range(updates):
+        batch = np.arange(16 * step, 16 * step + 16)
+        stats = train_update(engine, split, [batch], batch, int(split.tgt_sizes[batch].sum()), step)
+        losses.append(stats.loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_training_updates_on_device_equal_cpu(device: str, data_bin: Path) -> None:
+    on_device, split = make_engine(data_bin, device)
+    on_cpu, _ = make_engine(data_bin, "cpu")
+    assert on_device.optimizer.defaults["fused"] == (device == "cuda")
+    losses = run_updates(on_device, split, 3)
+    expected = run_updates(on_cpu, split, 3)
+    assert losses == pytest.approx(expected, rel=1e-5)
+    for (name, p), q in zip(on_device.model.named_parameters(), on_cpu.model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=3e-5, msg=name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_training_follows_float32(device: str, precision: str, data_bin: Path) -> None:
+    mixed, split = make_engine(data_bin, device, precision)
+    exact, _ = make_engine(data_bin, device)
+    assert (mixed.scaler is not None) == (precision == "fp16")
+    losses, expected = run_updates(mixed, split, 6), run_updates(exact, split, 6)
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    # Autocast rounds the matrix products' inputs; the loss itself stays float32.
+    assert losses == pytest.approx(expected, rel=0.05)
+    assert all(torch.isfinite(p).all() for p in mixed.model.parameters())
+
+
+# --- the commands ------------------------------------------------------------------------
+
+
+def nmt(*args, stdin: str | None = None) -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args], input=stdin, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_run_trained_on_device_translates_the_same_on_cpu(device: str, data_bin: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    nmt("train", data_bin, "--save-dir", run, "--arch", "transformer_tiny", "--max-tokens", "256",
+        "--required-batch-size-multiple", "1", "--lr", "3e-3", "--warmup-updates", "10", "--max-update", "30",
+        "--dropout", "0", "--device", device)
+    source = "".join(" ".join(src) + "\n" for src, _ in reversal_pairs(12, seed=9))
+    translate = ["translate", "--path", run / "checkpoint_last.pt", "--beam", "2", "--max-len-b", "10", "--quiet"]
+    on_cpu = nmt(*translate, "--device", "cpu", stdin=source)
+    assert len(on_cpu.splitlines()) == 12
+    assert nmt(*translate, "--device", device, stdin=source) == on_cpu
+    in_bf16 = nmt(*translate, "--device", device, "--precision", "bf16", stdin=source)
+    assert len(in_bf16.splitlines()) == 12  # one line per input line, whatever the precision
