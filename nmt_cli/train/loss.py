@@ -57,10 +57,16 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         for start in range(0, N, step):
             rows = slice(start, start + step)
             a, b = grad_nll[rows].unsqueeze(1), grad_smooth[rows].unsqueeze(1)  # (n, 1)
-            probs = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
-            chunk = torch.addcmul(-b, probs, a + V * b)
+            if logits.dtype == torch.float32:
+                # Straight into the gradient, finished in place: no (n, V) temporaries,
+                # each of which would cost a pass over memory (and fresh pages on a CPU).
+                chunk = torch.softmax(logits[rows], dim=-1, out=grad[rows])
+            else:
+                chunk = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
+            chunk.mul_(a + V * b).sub_(b)
             chunk.scatter_add_(1, target[rows].unsqueeze(1), -a)
-            grad[rows].copy_(chunk)
+            if chunk.dtype != grad.dtype:
+                grad[rows].copy_(chunk)
         return grad, None
 
 
