@@ -1,4 +1,5 @@
-"""Label-smoothed loss against a naive per-token loop; lr schedules against their formulas."""
+"""Label-smoothed loss against a naive per-token loop; the optimizer and lr schedules
+against their formulas."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from nmt_cli.errors import NmtError
 from nmt_cli.train import loss as loss_module
 from nmt_cli.train.loss import label_smoothed_nll_loss
-from nmt_cli.train.optim import LrSchedule, inverse_sqrt_lr, noam_lr
+from nmt_cli.train.optim import LrSchedule, build_optimizer, inverse_sqrt_lr, noam_lr, set_lr
 
 PAD = 1
 
@@ -97,6 +98,27 @@ def test_bf16_logits_keep_float32_loss() -> None:
     ref16, _ = naive_loss(low.detach().double(), target, 0.1)
     assert loss16.item() == pytest.approx(ref16, rel=1e-5)
     assert loss16.item() == pytest.approx(loss32.item(), rel=1e-2)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_optimizer_steps_follow_the_adamw_formula(weight_decay: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(4, 3, generator=gen))
+    optimizer = build_optimizer([param], (0.9, 0.98), 1e-8, weight_decay, torch.device("cpu"))
+    ref = param.detach().double().clone()
+    m, v = torch.zeros_like(ref), torch.zeros_like(ref)
+    for t, lr in enumerate([1e-3, 5e-4, 2e-3], start=1):
+        grad = torch.randn(4, 3, generator=gen)
+        param.grad = grad.clone()
+        set_lr(optimizer, lr)
+        optimizer.step()
+        # Loshchilov & Hutter: decay the weights, then Adam's bias-corrected step.
+        g = grad.double()
+        ref *= 1 - lr * weight_decay
+        m = 0.9 * m + 0.1 * g
+        v = 0.98 * v + 0.02 * g * g
+        ref -= lr * (m / (1 - 0.9**t)) / ((v / (1 - 0.98**t)).sqrt() + 1e-8)
+        torch.testing.assert_close(param.detach().double(), ref, rtol=1e-6, atol=1e-7)
 
 
 def test_inverse_sqrt_schedule() -> None:
