@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -166,7 +167,7 @@ def bench_baseline(name: str, model: nn.Module, args, device: torch.device) -> R
     if args.compile:
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                                  fused=device.type == "cuda")
+                                  fused=device.type in ("cpu", "cuda"))  # as nmt's
     generator = torch.Generator().manual_seed(0)
     B, L = args.batch_size, args.seq_len
     batches = []
@@ -272,7 +273,7 @@ def bench_in_peer_venv(argv: list[str], system: str) -> Result | None:
     which has the peers next to the same torch version."""
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    command = [str(PEER_PYTHON), __file__, *argv, "--systems", system, "--machine-readable"]
+    command = [str(PEER_PYTHON), __file__, *argv, "--systems", system, "--rounds", "1", "--machine-readable"]
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         last = proc.stderr.strip().splitlines()[-1:] or ["no output"]
@@ -282,35 +283,8 @@ def bench_in_peer_venv(argv: list[str], system: str) -> Result | None:
     return Result(name, float(tokens_per_s), float(peak) if peak != "None" else None)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", default="transformer_base", choices=sorted(ARCHITECTURES))
-    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
-    parser.add_argument("--precision", default=None, choices=sorted(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--batch-size", type=int, default=512, help="sentences per batch (B)")
-    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sentence, source and target (L)")
-    parser.add_argument("--vocab", type=int, default=32000, help="shared vocabulary size (V)")
-    parser.add_argument("--steps", type=int, default=20, help="timed updates per system")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation, allocator)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile every system")
-    parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler)")
-    parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
-    parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
-    args = parser.parse_args()
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
-    if device.type == "cuda" and args.precision == "fp32":
-        torch.backends.cuda.matmul.allow_tf32 = True
-    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
-    if args.share_all_embeddings:
-        overrides["share_all_embeddings"] = True
-    model_cfg = resolve_config(args.arch, overrides)
-    systems = set(args.systems.split(","))
-    print(f"# {args.arch}, {device}, {args.precision}, batch {args.batch_size}x{args.seq_len} tokens, vocab {args.vocab}, "
-          f"{args.steps} steps{' , compiled' if args.compile else ''}; torch {torch.__version__}", file=sys.stderr)
-
+def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: set[str]) -> list[Result]:
+    """One measurement of every system in `systems`, nmt first."""
     results: list[Result] = []
     if "nmt" in systems:
         results.append(bench_nmt(args, model_cfg, device))
@@ -340,6 +314,51 @@ def main() -> None:
             print("fairseq TransformerModel: skipped (run benchmarks/setup_peers.sh)")
     if device.type == "cpu" and args.machine_readable and len(results) == 1:  # a peer process: its peak is its own
         results[0].peak_mem_gib = process_peak_rss_gib()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="transformer_base", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    parser.add_argument("--precision", default=None, choices=sorted(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--batch-size", type=int, default=512, help="sentences per batch (B)")
+    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sentence, source and target (L)")
+    parser.add_argument("--vocab", type=int, default=32000, help="shared vocabulary size (V)")
+    parser.add_argument("--steps", type=int, default=20, help="timed updates per system")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation, allocator)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every system this many times in turn; each system's median round counts")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every system")
+    parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
+    parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler)")
+    parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
+    parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
+    args = parser.parse_args()
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
+    if device.type == "cuda" and args.precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    overrides = {"dropout": args.dropout} if args.dropout is not None else {}
+    if args.share_all_embeddings:
+        overrides["share_all_embeddings"] = True
+    model_cfg = resolve_config(args.arch, overrides)
+    systems = set(args.systems.split(","))
+    print(f"# {args.arch}, {device}, {args.precision}, batch {args.batch_size}x{args.seq_len} tokens, vocab {args.vocab}, "
+          f"{args.steps} steps{' , compiled' if args.compile else ''}; torch {torch.__version__}", file=sys.stderr)
+
+    # Each system's median round: a slow (or fast) moment of a shared machine then moves no
+    # system's figure alone. Peak memory is the first round's (on a CPU, nmt's own only then).
+    by_name: dict[str, list[Result]] = {}
+    for i in range(args.rounds):
+        measured = measure_round(args, model_cfg, device, systems)
+        if args.rounds > 1:
+            print(f"# round {i + 1}: " + ", ".join(f"{r.name} {r.tokens_per_s:,.0f}" for r in measured), file=sys.stderr)
+        for r in measured:
+            by_name.setdefault(r.name, []).append(r)
+    results = [Result(name, statistics.median(r.tokens_per_s for r in runs), runs[0].peak_mem_gib)
+               for name, runs in by_name.items()]
     if args.machine_readable:
         for r in results:
             print(f"{r.name}\t{r.tokens_per_s}\t{r.peak_mem_gib}")
