@@ -41,9 +41,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 @pytest.fixture(autouse=True)
 def exact_float32(monkeypatch):
-    """Full float32 matrix products on the GPU: TF32 would round inputs to 10 bits."""
+    """Full float32 matrix products on the GPU (TF32 would round inputs to 10 bits); the
+    settings are restored after each test."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+
+
+def no_tf32_again() -> None:
+    """Undo `nmt train`'s TF32 switch (build_engine turns it on for fp32 GPU training)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def tiny_model(seed: int, **overrides) -> torch.nn.Module:
@@ -137,8 +144,7 @@ def make_engine(data_bin: Path, device: str, precision: str = "fp32"):
     data = load_data_bin(data_bin)
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(device))
     engine = build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist)
-    torch.backends.cuda.matmul.allow_tf32 = False  # build_engine turns TF32 on for fp32 GPU training
-    torch.backends.cudnn.allow_tf32 = False
+    no_tf32_again()
     return engine, data.split("train")
 
 
@@ -191,6 +197,7 @@ def test_a_run_trained_on_device_translates_the_same_on_cpu(device: str, data_bi
     nmt("train", data_bin, "--save-dir", run, "--arch", "transformer_tiny", "--max-tokens", "256",
         "--required-batch-size-multiple", "1", "--lr", "3e-3", "--warmup-updates", "10", "--max-update", "30",
         "--dropout", "0", "--device", device)
+    no_tf32_again()  # the device must decode in full float32, as the CPU does
     source = "".join(" ".join(src) + "\n" for src, _ in reversal_pairs(12, seed=9))
     translate = ["translate", "--path", run / "checkpoint_last.pt", "--beam", "2", "--max-len-b", "10", "--quiet"]
     on_cpu = nmt(*translate, "--device", "cpu", stdin=source)
