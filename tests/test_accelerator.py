@@ -20,17 +20,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 from databin_utils import reversal_data_bin, reversal_pairs
+from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 
 from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig, TrainConfig
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.decode.search import generate
-from nmt_cli.models.registry import build_model, resolve_config
+from nmt_cli.models.registry import resolve_config
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
-PAD, EOS = 1, 2
-SRC_V, TGT_V = 23, 29
 DEVICES = [
     pytest.param("cpu"),
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
@@ -53,28 +52,15 @@ def no_tf32_again() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-def tiny_model(seed: int, **overrides) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
-    return build_model(cfg, SRC_V, TGT_V).eval()
-
-
-def random_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = None) -> torch.Tensor:
-    """Right-padded (B, max(lengths)) random tokens; the first column is `bos` when given,
-    the last real token `</s>` otherwise (a source)."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.full((len(lengths), max(lengths)), PAD)
-    for row, length in enumerate(lengths):
-        tokens[row, :length] = torch.randint(4, vocab, (length,), generator=gen)
-        if bos is not None:
-            tokens[row, 0] = bos
-        else:
-            tokens[row, length - 1] = EOS
+def source_batch(seed: int, lengths: list[int]) -> torch.Tensor:
+    """Random right-padded sources, each ending in `</s>`."""
+    tokens = padded_batch(seed, lengths, SRC_V)
+    tokens[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = EOS
     return tokens
 
 
-SRC = random_batch(1, [7, 4, 5, 2], SRC_V)
-PREV = random_batch(2, [6, 6, 6, 6], TGT_V, bos=EOS)
+SRC = source_batch(1, [7, 4, 5, 2])
+PREV = padded_batch(2, [6, 6, 6, 6], TGT_V, bos=EOS)
 
 
 def teacher_forced_log_probs(model: torch.nn.Module, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -95,7 +81,7 @@ def decode_all_steps(model, src: torch.Tensor, prev: torch.Tensor, beams: int) -
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_cached_decoding_on_device_matches_teacher_forcing(device: str) -> None:
-    model = tiny_model(3, normalize_before=True).to(device)
+    model = tiny_model(3, dtype=torch.float32, normalize_before=True).to(device)
     expected = teacher_forced_log_probs(model, SRC, PREV).repeat_interleave(4, dim=0)
     got = decode_all_steps(model, SRC.to(device), PREV.to(device), beams=4)
     assert got.dtype == torch.float32 and got.device.type == device
@@ -104,7 +90,7 @@ def test_cached_decoding_on_device_matches_teacher_forcing(device: str) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_bf16_decoding_stays_close_to_float32(device: str) -> None:
-    model = tiny_model(4).to(device)
+    model = tiny_model(4, dtype=torch.float32).to(device)
     expected = teacher_forced_log_probs(model, SRC, PREV)
     with torch.autocast(device, dtype=torch.bfloat16):
         got = decode_all_steps(model, SRC.to(device), PREV.to(device), beams=1)
@@ -117,8 +103,8 @@ def test_bf16_decoding_stays_close_to_float32(device: str) -> None:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("lagged_sync", [False, True])
 def test_beam_search_on_device_equals_cpu(device: str, lagged_sync: bool) -> None:
-    model = tiny_model(5, share_decoder_input_output_embed=True)
-    src = random_batch(6, [9, 3, 12, 5, 7, 2], SRC_V)
+    model = tiny_model(5, dtype=torch.float32, share_decoder_input_output_embed=True)
+    src = source_batch(6, [9, 3, 12, 5, 7, 2])
     cfg = DecodeConfig(beam=3, nbest=3, lenpen=0.6, lenpen_style="gnmt", max_len_a=1.0, max_len_b=4)
     expected = generate(model, src, cfg, max_target_positions=1024, lagged_sync=False)
     got = generate(model.to(device), src.to(device), cfg, max_target_positions=1024, lagged_sync=lagged_sync)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
+from model_utils import EOS, PAD, SRC_V, TGT_V, padded_batch, tiny_model
 from torch import nn
 
 from nmt_cli.cli import main
@@ -22,27 +23,6 @@ from nmt_cli.models.transformer import vocabulary_logits
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
 from nmt_cli.models.layers import few_query_attention, sinusoidal_table
 from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
-
-PAD, EOS = 1, 2
-SRC_V, TGT_V = 23, 29
-
-
-def tiny_model(seed: int = 0, src_v: int = SRC_V, tgt_v: int = TGT_V, **overrides) -> nn.Module:
-    torch.manual_seed(seed)
-    cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
-    return build_model(cfg, src_v, tgt_v).double().eval()
-
-
-def padded_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = None) -> torch.Tensor:
-    """Right-padded (B, max(lengths)) random tokens; the first column is `bos` when given."""
-    gen = torch.Generator().manual_seed(seed)
-    tokens = torch.full((len(lengths), max(lengths)), PAD)
-    for row, length in enumerate(lengths):
-        tokens[row, :length] = torch.randint(4, vocab, (length,), generator=gen)
-        if bos is not None:
-            tokens[row, 0] = bos
-    return tokens
-
 
 SRC = padded_batch(1, [7, 4, 5, 1], SRC_V)
 PREV = padded_batch(2, [6, 6, 3, 5], TGT_V, bos=EOS)

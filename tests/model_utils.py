@@ -1,0 +1,30 @@
+"""Tiny random Transformers and token batches for model-level tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nmt_cli.models.registry import build_model, resolve_config
+
+PAD, EOS = 1, 2
+SRC_V, TGT_V = 23, 29
+
+
+def tiny_model(seed: int = 0, src_v: int = SRC_V, tgt_v: int = TGT_V, dtype: torch.dtype = torch.float64,
+               **overrides) -> nn.Module:
+    """transformer_tiny with `overrides`, dropout off, in eval mode."""
+    torch.manual_seed(seed)
+    cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
+    return build_model(cfg, src_v, tgt_v).to(dtype).eval()
+
+
+def padded_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = None) -> torch.Tensor:
+    """Right-padded (B, max(lengths)) random tokens; the first column is `bos` when given."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.full((len(lengths), max(lengths)), PAD)
+    for row, length in enumerate(lengths):
+        tokens[row, :length] = torch.randint(4, vocab, (length,), generator=gen)
+        if bos is not None:
+            tokens[row, 0] = bos
+    return tokens
