@@ -7,7 +7,7 @@ min_new_tokens = max_new_tokens = tgt-len + 1), so every system does the same wo
 Throughput counts tgt-len + 1 target tokens per sentence.
 
     python benchmarks/decode_throughput.py                      # CPU, transformer_small, 200 sentences
-    python benchmarks/decode_throughput.py --device cuda --precision bf16 --batch-size 128
+    python benchmarks/decode_throughput.py --device cuda --precision bf16 --batch-size 128 --cuda-graphs
     python benchmarks/decode_throughput.py --setup-peer         # create benchmarks/.venv with transformers
 
 Hugging Face runs in its own virtual environment (benchmarks/.peer-hf/.venv, made by
@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="also measure nmt with its decoding steps replayed as CUDA graphs "
+                        "(on a CPU: the same fixed-shape steps, without graphs)")
     p.add_argument("--seed", type=int, default=1, help="seed for weights and data (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per system; the fastest counts (default: %(default)s)")
     p.add_argument("--skip-peer", action="store_true", help="only measure nmt")
@@ -147,10 +150,11 @@ def as_nmt_translate(args: argparse.Namespace) -> None:
         keep_freed_memory()
 
 
-def measure_nmt(args: argparse.Namespace, beam: int) -> float:
+def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: bool = False) -> float:
     import torch
 
     from nmt_cli.config import DecodeConfig
+    from nmt_cli.decode.graphs import with_fixed_steps
     from nmt_cli.decode.search import generate
     from nmt_cli.models.registry import build_model, resolve_config
 
@@ -158,10 +162,12 @@ def measure_nmt(args: argparse.Namespace, beam: int) -> float:
     torch.manual_seed(args.seed)
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
     model = build_model(cfg, args.vocab, args.vocab).to(args.device).eval()
+    # As translate --cuda-graphs; on a CPU the same fixed-shape steps run without graphs.
+    decoder = with_fixed_steps(model, use_graphs=args.device.startswith("cuda")) if cuda_graphs else model
     decode = DecodeConfig(beam=beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
 
     def run_batch(tokens):
-        hyps = generate(model, tokens, decode, cfg.max_target_positions)
+        hyps = generate(decoder, tokens, decode, cfg.max_target_positions)
         assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
 
     return timed(torch, args, run_batch, source_sentences(args))
@@ -387,7 +393,12 @@ def main(argv: list[str] | None = None) -> None:
           f"{torch.get_num_threads()} threads")
     ours = measure_nmt(args, args.beam)
     report(f"nmt beam{args.beam}", args, ours)
-    report("nmt greedy", args, measure_nmt(args, 1))
+    if args.cuda_graphs:
+        graphed = measure_nmt(args, args.beam, cuda_graphs=True)
+        report(f"nmt beam{args.beam} --cuda-graphs", args, graphed)
+        print(f"ratio nmt --cuda-graphs / nmt beam{args.beam}: {ours / graphed:.2f}x sentences/s")
+        ours = graphed  # the peers are compared with the faster nmt
+    report("nmt greedy", args, measure_nmt(args, 1, cuda_graphs=args.cuda_graphs))
     argv = [*argv, "--peer-sizes", arch_sizes(args.arch)]  # every peer builds a model of --arch's sizes
     theirs = "skipped (--skip-peer)" if args.skip_peer else run_peer(args, argv)
     report(f"hf beam{args.beam}", args, theirs)

@@ -31,13 +31,13 @@ fi
 if [ -n "${SMOKE:-}" ]; then  # tiny sizes on the CPU: checks this script, measures nothing
     TRAIN_BASE="--arch transformer_tiny --device cpu --batch-size 8 --seq-len 8 --vocab 100 --steps 2 --warmup 1"
     TRAIN_BIG=$TRAIN_BASE
-    DECODE="--arch transformer_tiny --vocab 100 --sentences 16 --tgt-len 4 --device cpu"
+    DECODE="--arch transformer_tiny --vocab 100 --sentences 16 --tgt-len 4 --device cpu --cuda-graphs"
     DECODE_LARGE_BATCH=16
     DECODE_BATCH=8
 else
     TRAIN_BASE="--arch transformer_base --device cuda --precision bf16"
     TRAIN_BIG="--arch transformer_big --device cuda --precision bf16"
-    DECODE="--arch transformer_base --vocab 32000 --sentences 2048 --device cuda --precision bf16"
+    DECODE="--arch transformer_base --vocab 32000 --sentences 2048 --device cuda --precision bf16 --cuda-graphs"
     DECODE_LARGE_BATCH=512
     DECODE_BATCH=128
 fi

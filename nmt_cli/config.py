@@ -156,6 +156,8 @@ class TranslateConfig:
     device: str = "cpu"
     threads: int | None = None
     precision: str = "fp32"
+    # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only.
+    cuda_graphs: bool = False
     errors: str = "strict"
     quiet: bool = False
 

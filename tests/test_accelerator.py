@@ -5,7 +5,7 @@ Every check runs once per device. On a machine without CUDA only the CPU rows ru
 which keeps the checks themselves honest; on a GPU machine the same checks compare
 what runs only there (scaled_dot_product_attention's CUDA kernels, fused AdamW, the
 search's pinned-memory host copies, bf16 and fp16 autocast, GradScaler, checkpoints
-written from GPU tensors) with the CPU:
+written from GPU tensors, decoding steps replayed as CUDA graphs) with the CPU:
 
     python3 -m pytest -q tests/test_accelerator.py
 """
@@ -25,6 +25,7 @@ from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig, TrainConfig
 from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.decode import graphs
 from nmt_cli.decode.search import generate
 from nmt_cli.models.registry import resolve_config
 from nmt_cli.train.distributed import DistInfo
@@ -115,6 +116,37 @@ def test_beam_search_on_device_equals_cpu(device: str, lagged_sync: bool) -> Non
             np.testing.assert_allclose(h.positional_scores, w.positional_scores, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_search_through_cuda_graphs_equals_plain_search(device: str, monkeypatch) -> None:
+    """On CUDA the fixed-shape steps are captured and replayed; on the CPU they run eagerly.
+    The outputs pass the cache's first capacity (32), so the steps are captured again."""
+    replays = []
+    run = graphs._FixedStep.run
+    monkeypatch.setattr(graphs._FixedStep, "run", lambda step: replays.append(step.graph is not None) or run(step))
+    model = tiny_model(7, dtype=torch.float32, normalize_before=True).to(device)
+    src = source_batch(8, [9, 3, 12, 5, 7, 2]).to(device)
+    cfg = DecodeConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=30, min_len=34)
+    expected = generate(model, src, cfg, max_target_positions=1024)
+    got = generate(graphs.with_fixed_steps(model, use_graphs=device == "cuda"), src, cfg, max_target_positions=1024)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+    for hyps, want in zip(got, expected):
+        for h, w in zip(hyps, want):
+            assert h.score == pytest.approx(w.score, abs=1e-5)
+    assert len(replays) >= 35 and any(replays) == (device == "cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_steps_through_cuda_graphs_stay_close_to_float32(device: str) -> None:
+    model = tiny_model(4, dtype=torch.float32).to(device)
+    expected = teacher_forced_log_probs(model, SRC, PREV).repeat_interleave(2, dim=0)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = decode_all_steps(graphs.with_fixed_steps(model, use_graphs=device == "cuda"),
+                               SRC.to(device), PREV.to(device), beams=2)
+    assert got.dtype == torch.float32
+    error = (got.cpu().double() - expected).abs()
+    assert 1e-4 < error.max() < 0.1 and error.mean() < 0.02
+
+
 # --- training ---------------------------------------------------------------------------
 
 
@@ -191,3 +223,7 @@ def test_a_run_trained_on_device_translates_the_same_on_cpu(device: str, data_bi
     assert nmt(*translate, "--device", device, stdin=source) == on_cpu
     in_bf16 = nmt(*translate, "--device", device, "--precision", "bf16", stdin=source)
     assert len(in_bf16.splitlines()) == 12  # one line per input line, whatever the precision
+    if device == "cuda":
+        assert nmt(*translate, "--device", device, "--cuda-graphs", stdin=source) == on_cpu
+        graphed_bf16 = nmt(*translate, "--device", device, "--precision", "bf16", "--cuda-graphs", stdin=source)
+        assert len(graphed_bf16.splitlines()) == 12

@@ -222,6 +222,8 @@ CASES = [
     Case("translate", "data-bin dictionary with a bad line", lambda ws: translate(ws, ws.checkpoint, "--data-bin",
          (lambda d: (d / "dict.src.txt").write_text("w1 1\nw2\n") and d)(ws.data_bin_copy())),
          ("bad dictionary line", "dict.src.txt:2"), stdin=b"w1\n"),
+    Case("translate", "CUDA graphs on the CPU", lambda ws: translate(ws, ws.checkpoint, "--cuda-graphs"),
+         ("--cuda-graphs needs --device cuda",), stdin=b"w1\n"),
     Case("translate", "ids of another dictionary", lambda ws: translate(ws, ws.checkpoint, "--input-format", "ids"),
          ("<stdin>:2", "outside the source dictionary"), stdin=b"4 5\n4 100000000000000000000\n"),
     # score

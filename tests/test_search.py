@@ -265,6 +265,22 @@ def test_batched_equals_one_sentence_at_a_time_and_finished_sentences_leave_the_
         assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-6)
 
 
+@pytest.mark.parametrize("lagged_sync", [False, True])
+def test_finished_sentences_wait_for_the_decoders_drop_fraction(lagged_sync):
+    src_tokens = src(*range(20, 28), length=4)
+    cfg = DecodeConfig(beam=4, nbest=4, max_len_b=12)
+    at_once = RandomDecoder(vocab=16, eos_bias=0.5)
+    want = generate(at_once, src_tokens, cfg, 1024, lagged_sync=lagged_sync)
+    patient = RandomDecoder(vocab=16, eos_bias=0.5)
+    patient.sentence_drop_fraction = 0.5
+    got = generate(patient, src_tokens, cfg, 1024, lagged_sync=lagged_sync)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=1e-6)
+    shrinks = [(before, after) for before, after in zip(patient.batch_sizes, patient.batch_sizes[1:]) if after < before]
+    assert shrinks and all(before - after >= before / 2 for before, after in shrinks)
+    assert len(shrinks) < len(set(at_once.batch_sizes)) - 1  # fewer, larger departures
+
+
 def test_beam_one_equals_naive_greedy():
     model = RandomDecoder(vocab=16, eos_bias=0.3)
     cfg = DecodeConfig(beam=1, nbest=1, max_len_b=15)

@@ -43,6 +43,11 @@ class Ensemble:
             raise ValueError("an ensemble needs at least one model")
         self.models = list(models)
 
+    @property
+    def sentence_drop_fraction(self) -> float:
+        """The largest of the models' (see `generate`)."""
+        return max(getattr(m, "sentence_drop_fraction", 0.0) for m in self.models)
+
     def encode(self, src_tokens: Tensor) -> list[Any]:
         return [m.encode(src_tokens) for m in self.models]
 

@@ -240,7 +240,8 @@ def generate(
     The one host sync per step asks which sentences are done. With `lagged_sync`
     (default: on for CUDA) the host reads the previous step's answer, so it never
     waits for the step the device is computing; done sentences are masked until
-    they leave the batch one step later. Results are the same either way.
+    they leave the batch one step later. Results are the same either way, and
+    whenever done sentences leave the batch (see `sentence_drop_fraction` below).
     """
     B0, K = src_tokens.size(0), cfg.beam
     device = src_tokens.device
@@ -256,6 +257,9 @@ def generate(
     cache: dict[str, Any] = {}
     lagged_sync = device.type == "cuda" if lagged_sync is None else lagged_sync
     pending: _HostCopy | None = None  # last step's `done` flags, on their way to the host
+    # Done sentences leave once this fraction of the batch is done (0: at once); until
+    # then they stay, masked. A decoder whose steps have fixed shapes asks for more.
+    drop_fraction = getattr(model, "sentence_drop_fraction", 0.0)
     for step in range(L - 1):
         B = state.cum_scores.size(0)
         lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
@@ -278,7 +282,7 @@ def generate(
             keep = done.get().logical_not().nonzero().squeeze(1).to(device)
             if keep.numel() == 0:
                 break
-            if keep.numel() < B:
+            if B - keep.numel() >= max(1.0, drop_fraction * B):
                 _store_finished(results, state)
                 state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
                 kept_sentences = keep

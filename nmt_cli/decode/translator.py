@@ -17,6 +17,7 @@ import torch
 
 from nmt_cli.config import TranslateConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
+from nmt_cli.decode.graphs import with_fixed_steps
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
 from nmt_cli.decode.search import Hypothesis, generate
@@ -75,7 +76,10 @@ class Translator:
             raise NmtError("--device cuda: no CUDA device is available (use --device cpu)")
         if cfg.precision == "fp16" and self.device.type == "cpu":
             raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
+        if cfg.cuda_graphs and self.device.type != "cuda":
+            raise NmtError("--cuda-graphs needs --device cuda")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device)
+        self.decoder = with_fixed_steps(self.models.decoder, use_graphs=True) if cfg.cuda_graphs else self.models.decoder
         need_source = cfg.input_format == "raw"
         need_target = cfg.output_format in ("text", "jsonl")
         directory = text_directory(cfg.checkpoints[0], cfg.data_bin)
@@ -134,7 +138,7 @@ class Translator:
             src_tokens = pad_batch([encoded[i] for i in items], self.device)
             with self._autocast():
                 hypotheses = generate(
-                    self.models.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator
+                    self.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator
                 )
             for i, hyps in zip(items, hypotheses):
                 results[i].hypotheses = hyps

@@ -19,6 +19,7 @@ Padding masks are bool, True at pads; attention masks given to
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -70,15 +71,22 @@ class SinusoidalPositions(nn.Module):
     def forward(self, tokens: Tensor, start: int | None = None) -> Tensor:
         """(B, T) tokens -> (B, T, D); or (1, T, D) for an incremental step at `start`."""
         length = tokens.size(1)
-        last = self.padding_idx + length + (start or 0)
-        if last >= self.table.size(0):
-            size = max(last + 1, 2 * self.table.size(0))
-            self.table = sinusoidal_table(size, self.dim, self.padding_idx).to(self.table)
+        self.prepare(length + (start or 0))
         if start is None:
             positions = make_positions(tokens, self.padding_idx)
         else:
             positions = step_positions(start, length, self.padding_idx, tokens.device)
         return self.table[positions]
+
+    def prepare(self, length: int) -> None:
+        """Make room for `length` positions, before `at` is called without host checks."""
+        last = self.padding_idx + length
+        if last >= self.table.size(0):
+            self.table = sinusoidal_table(max(last + 1, 2 * self.table.size(0)), self.dim, self.padding_idx).to(self.table)
+
+    def at(self, position: Tensor) -> Tensor:
+        """The embedding (1, 1, D) of 0-based position `position`, a () long tensor on the device."""
+        return self.table.index_select(0, position.view(1) + (self.padding_idx + 1)).unsqueeze(0)
 
 
 class LearnedPositions(nn.Module):
@@ -96,13 +104,21 @@ class LearnedPositions(nn.Module):
     def forward(self, tokens: Tensor, start: int | None = None) -> Tensor:
         """(B, T) tokens -> (B, T, D); or (1, T, D) for an incremental step at `start`."""
         length = tokens.size(1) + (start or 0)
-        if length > self.max_positions:
-            raise NmtError(f"sequence of {length} tokens exceeds the model's {self.max_positions} learned positions")
+        self.prepare(length)
         if start is None:
             positions = make_positions(tokens, self.padding_idx)
         else:
             positions = step_positions(start, tokens.size(1), self.padding_idx, tokens.device)
         return F.embedding(positions, self.weight, self.padding_idx)
+
+    def prepare(self, length: int) -> None:
+        """Check that `length` positions fit, before `at` is called without host checks."""
+        if length > self.max_positions:
+            raise NmtError(f"sequence of {length} tokens exceeds the model's {self.max_positions} learned positions")
+
+    def at(self, position: Tensor) -> Tensor:
+        """The embedding (1, 1, D) of 0-based position `position`, a () long tensor on the device."""
+        return self.weight.index_select(0, position.view(1) + (self.padding_idx + 1)).unsqueeze(0)
 
 
 def split_heads(x: Tensor, parts: int, num_heads: int) -> Tensor:
@@ -141,6 +157,19 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
         scores.add_(attn_mask)
     probs = torch.softmax(scores, dim=-1).view(B * H, n, S)
     return torch.bmm(probs, v.view(B * H, S, Dh)).view(B, H, n, Dh)
+
+
+@dataclass
+class StaticPosition:
+    """Where a decoding step of fixed shapes (one that a CUDA graph can replay) writes and reads.
+
+    Nothing about it is known to the host: the step writes the new token's keys and
+    values at `index` and attends over the cache's whole capacity, later positions
+    masked out.
+    """
+
+    index: Tensor  # () long: the new token's 0-based position
+    self_mask: Tensor  # (1, 1, 1, capacity) additive: 0 at positions <= index, -inf after
 
 
 class SelfAttention(nn.Module):
@@ -187,6 +216,18 @@ class SelfAttention(nn.Module):
             mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(diagonal=start)
             is_causal = False
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        return self.out_proj(merge_heads(out))
+
+    def forward_static(self, x: Tensor, kv_cache: Tensor, position: StaticPosition) -> Tensor:
+        """forward_cached for one new token x (B, 1, D), with shapes that do not depend on
+        its position. kv_cache (B, capacity, 2, H, Dh) must hold finite values everywhere:
+        masked positions still enter the products (zeros are fine)."""
+        B = x.size(0)
+        qkv = self.in_proj(x).view(B, 1, 3, self.num_heads, -1)  # (B, 1, 3, H, Dh)
+        kv_cache.index_copy_(1, position.index.view(1), qkv[:, :, 1:])
+        k, v = kv_cache.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, capacity, Dh) each
+        q = qkv[:, :, 0].transpose(1, 2)  # (B, H, 1, Dh)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=position.self_mask)
         return self.out_proj(merge_heads(out))
 
 
@@ -321,15 +362,20 @@ class DecoderLayer(nn.Module):
         return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))
 
     def forward_cached(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor,
-                       self_kv_cache: Tensor, start: int) -> Tensor:
+                       self_kv_cache: Tensor, start: int | StaticPosition) -> Tensor:
         """Decoding: new tokens x (B*K, n, D) at positions start.. -> (B*K, n, D).
 
         K target rows per source sentence (see CrossAttention.forward_cached); cross_k,
         cross_v (B, H, S, Dh) and cross_mask (B, 1, 1, S) per sentence; self_kv_cache
-        (B*K, capacity, 2, H, Dh) per row.
+        (B*K, capacity, 2, H, Dh) per row. With a StaticPosition, n is 1 and the step
+        keeps fixed shapes (SelfAttention.forward_static).
         """
         w = self.wiring
-        h = self.self_attn.forward_cached(w.before(x, self.self_attn_layer_norm), self_kv_cache, start)
+        x_norm = w.before(x, self.self_attn_layer_norm)
+        if isinstance(start, StaticPosition):
+            h = self.self_attn.forward_static(x_norm, self_kv_cache, start)
+        else:
+            h = self.self_attn.forward_cached(x_norm, self_kv_cache, start)
         x = w.after(h, x, self.self_attn_layer_norm)
         h = self.encoder_attn.forward_cached(w.before(x, self.encoder_attn_layer_norm), cross_k, cross_v, cross_mask)
         return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))

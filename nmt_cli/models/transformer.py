@@ -42,6 +42,7 @@ from nmt_cli.models.layers import (
     EncoderLayer,
     LearnedPositions,
     SinusoidalPositions,
+    StaticPosition,
     key_padding_to_attn_mask,
     maybe_dropout,
 )
@@ -172,6 +173,20 @@ class TransformerDecoder(nn.Module):
             x = layer.forward_cached(x, cross_k, cross_v, cache["cross_mask"], cache["self_kv"][:, :, i], start)
         return x if self.layer_norm is None else self.layer_norm(x)
 
+    def forward_static(self, new_tokens: Tensor, position: StaticPosition, self_kv: Tensor, cross_kv: Tensor,
+                       cross_mask: Tensor) -> Tensor:
+        """forward_cached for one new token per row (B*K, 1) with fixed shapes -> (B*K, 1, D).
+
+        The cache's tensors are passed one by one: a captured step must keep reading
+        these very buffers, whatever the cache dict holds later.
+        """
+        x = self.embed_scale * self.embed_tokens(new_tokens) + self.embed_positions.at(position.index)
+        x = maybe_dropout(x, self.dropout, self.training)
+        for i, layer in enumerate(self.layers):
+            cross_k, cross_v = cross_kv[i]
+            x = layer.forward_cached(x, cross_k, cross_v, cross_mask, self_kv[:, :, i], position)
+        return x if self.layer_norm is None else self.layer_norm(x)
+
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer; see the module docstring for the decoding interface."""
@@ -227,7 +242,7 @@ class Transformer(nn.Module):
         the first call only; afterwards the cache holds what the decoder needs.
         """
         if not cache:
-            self._start_cache(encoder_out, prev_tokens.size(0), cache)
+            self.start_cache(encoder_out, prev_tokens.size(0), cache)
         start = cache["length"]
         new_tokens = prev_tokens[:, start:]  # (B*K, n)
         if new_tokens.size(1) == 0:
@@ -235,10 +250,38 @@ class Transformer(nn.Module):
         self._ensure_capacity(cache, start + new_tokens.size(1))
         hidden = self.decoder.forward_cached(new_tokens, cache)  # (B*K, n, D)
         cache["length"] = start + new_tokens.size(1)
-        logits = vocabulary_logits(hidden[:, -1], self.decoder.output_projection.weight)  # (B*K, V)
+        return self._log_probs(hidden[:, -1])
+
+    def _log_probs(self, hidden: Tensor) -> Tensor:
+        """Last hidden states (N, D) -> float32 log-probabilities (N, V)."""
+        logits = vocabulary_logits(hidden, self.decoder.output_projection.weight)
         return F.log_softmax(logits.float(), dim=-1)
 
-    def _start_cache(self, encoder_out: EncoderOut, rows: int, cache: dict) -> None:
+    def prepare_static_step(self, cache: dict) -> None:
+        """Make room in `cache` (and the position table) for the next token, on the host,
+        so that `decode_step_static` itself needs no host checks."""
+        length = cache["length"] + 1
+        self._ensure_capacity(cache, length)
+        self.decoder.embed_positions.prepare(length)
+
+    def decode_step_static(self, new_tokens: Tensor, index: Tensor, self_kv: Tensor, cross_kv: Tensor,
+                           cross_mask: Tensor) -> Tensor:
+        """decode_step for one new token per row (B*K, 1) at position `index` (a () long
+        tensor), with the cache's buffers passed in; it neither reads nor updates
+        cache["length"]. Shapes and memory do not depend on the position and no value
+        goes to the host, so a CUDA graph can capture it (nmt_cli/decode/graphs.py).
+        Call `prepare_static_step` first. -> float32 log-probabilities (B*K, V).
+        """
+        capacity = self_kv.size(1)
+        later = torch.arange(capacity, device=index.device) > index  # (capacity,)
+        self_mask = torch.zeros(1, 1, 1, capacity, dtype=self_kv.dtype, device=self_kv.device).masked_fill_(
+            later, float("-inf"))
+        position = StaticPosition(index=index, self_mask=self_mask)
+        hidden = self.decoder.forward_static(new_tokens, position, self_kv, cross_kv, cross_mask)  # (B*K, 1, D)
+        return self._log_probs(hidden[:, -1])
+
+    def start_cache(self, encoder_out: EncoderOut, rows: int, cache: dict) -> None:
+        """Fill an empty `cache` for `rows` target rows (K per sentence of `encoder_out`)."""
         sentences = encoder_out.out.size(0)
         if rows % sentences != 0:
             raise ValueError(f"decode_step got {rows} target rows for {sentences} sentences; it needs K per sentence")
@@ -252,7 +295,8 @@ class Transformer(nn.Module):
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
         cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
             allowed.logical_not(), float("-inf"))
-        cache["self_kv"] = cross_kv.new_empty(rows, INITIAL_CACHE_CAPACITY, L, 2, H, Dh)
+        # Zeros, not garbage, past the filled prefix: a static step reads the whole buffer.
+        cache["self_kv"] = cross_kv.new_zeros(rows, INITIAL_CACHE_CAPACITY, L, 2, H, Dh)
         cache["self_kv_spare"] = None
 
     @staticmethod
@@ -263,7 +307,7 @@ class Transformer(nn.Module):
             return
         while capacity < needed:
             capacity *= 2
-        new = old.new_empty(old.size(0), capacity, *old.shape[2:])
+        new = old.new_zeros(old.size(0), capacity, *old.shape[2:])
         new[:, : cache["length"]] = old[:, : cache["length"]]
         cache["self_kv"] = new
         cache["self_kv_spare"] = None
@@ -283,7 +327,7 @@ class Transformer(nn.Module):
         length = cache["length"]
         old, spare = cache["self_kv"], cache["self_kv_spare"]
         if spare is None or spare.size(0) != index.numel():
-            spare = old.new_empty((index.numel(), *old.shape[1:]))
+            spare = old.new_zeros((index.numel(), *old.shape[1:]))
         torch.index_select(old[:, :length], 0, index, out=spare[:, :length])
         cache["self_kv"], cache["self_kv_spare"] = spare, old
         if sentence_index is not None:
