@@ -279,10 +279,13 @@ def generate(
         done = pending if lagged_sync else _HostCopy(state.done)
         kept_sentences = None  # all sentences stay, unless some leave below
         if done is not None:
-            keep = done.get().logical_not().nonzero().squeeze(1).to(device)
-            if keep.numel() == 0:
+            done_flags = done.get()
+            done_count = int(done_flags.sum())
+            if done_count == B:
                 break
-            if B - keep.numel() >= max(1.0, drop_fraction * B):
+            if done_count >= max(1.0, drop_fraction * B):
+                # Copied to the device only now: a blocking copy waits for the device's queue.
+                keep = done_flags.logical_not().nonzero().squeeze(1).to(device)
                 _store_finished(results, state)
                 state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
                 kept_sentences = keep
