@@ -50,11 +50,11 @@ class GraphedTransformer:
     @torch.no_grad()
     def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, cache: dict[str, Any]) -> Tensor:
         """Transformer.decode_step, through a captured step when one new token per row is asked."""
-        start = cache.get("length", 0)
+        if not cache:
+            self.model.start_cache(encoder_out, prev_tokens.size(0), cache, zeroed=True)
+        start = cache["length"]
         if prev_tokens.size(1) - start != 1:  # a forced prefix of several tokens: an ordinary step
             return self.model.decode_step(prev_tokens, encoder_out, cache)
-        if not cache:
-            self.model.start_cache(encoder_out, prev_tokens.size(0), cache)
         self.model.prepare_static_step(cache)
         step = self._step_for(cache)
         step.new_tokens.copy_(prev_tokens[:, start:])

@@ -19,7 +19,9 @@ The decoding cache (a plain dict the caller creates empty) holds
                once from the encoder output at the first step; each layer's keys and
                values are contiguous (B, H, S, Dh) blocks;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
-               -inf at pads.
+               -inf at pads;
+  "zeroed":    bool, self-attention buffers are allocated as zeros (for fixed-shape
+               steps, see `decode_step_static`).
 In "self_kv" the row comes first, so that `reorder_cache` is one row gather (on a GPU,
 several times faster than selecting along an inner dimension), and the position next,
 so that the filled prefix of a row is one contiguous block.
@@ -280,8 +282,13 @@ class Transformer(nn.Module):
         hidden = self.decoder.forward_static(new_tokens, position, self_kv, cross_kv, cross_mask)  # (B*K, 1, D)
         return self._log_probs(hidden[:, -1])
 
-    def start_cache(self, encoder_out: EncoderOut, rows: int, cache: dict) -> None:
-        """Fill an empty `cache` for `rows` target rows (K per sentence of `encoder_out`)."""
+    def start_cache(self, encoder_out: EncoderOut, rows: int, cache: dict, zeroed: bool = False) -> None:
+        """Fill an empty `cache` for `rows` target rows (K per sentence of `encoder_out`).
+
+        `zeroed`: self-attention buffers start as zeros, not garbage, past the filled
+        prefix; a fixed-shape step reads the whole buffer. (Zeroing costs the ordinary
+        steps several percent on a CPU, so only they go without it.)
+        """
         sentences = encoder_out.out.size(0)
         if rows % sentences != 0:
             raise ValueError(f"decode_step got {rows} target rows for {sentences} sentences; it needs K per sentence")
@@ -295,8 +302,8 @@ class Transformer(nn.Module):
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
         cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
             allowed.logical_not(), float("-inf"))
-        # Zeros, not garbage, past the filled prefix: a static step reads the whole buffer.
-        cache["self_kv"] = cross_kv.new_zeros(rows, INITIAL_CACHE_CAPACITY, L, 2, H, Dh)
+        cache["zeroed"] = zeroed
+        cache["self_kv"] = _new_buffer(cache, cross_kv, (rows, INITIAL_CACHE_CAPACITY, L, 2, H, Dh))
         cache["self_kv_spare"] = None
 
     @staticmethod
@@ -307,7 +314,7 @@ class Transformer(nn.Module):
             return
         while capacity < needed:
             capacity *= 2
-        new = old.new_zeros(old.size(0), capacity, *old.shape[2:])
+        new = _new_buffer(cache, old, (old.size(0), capacity, *old.shape[2:]))
         new[:, : cache["length"]] = old[:, : cache["length"]]
         cache["self_kv"] = new
         cache["self_kv_spare"] = None
@@ -327,7 +334,7 @@ class Transformer(nn.Module):
         length = cache["length"]
         old, spare = cache["self_kv"], cache["self_kv_spare"]
         if spare is None or spare.size(0) != index.numel():
-            spare = old.new_zeros((index.numel(), *old.shape[1:]))
+            spare = _new_buffer(cache, old, (index.numel(), *old.shape[1:]))
         torch.index_select(old[:, :length], 0, index, out=spare[:, :length])
         cache["self_kv"], cache["self_kv_spare"] = spare, old
         if sentence_index is not None:
@@ -337,3 +344,8 @@ class Transformer(nn.Module):
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
         """Keep sentences `index` (B',) of the encoder output, in that order."""
         return EncoderOut(out=encoder_out.out[index], padding_mask=encoder_out.padding_mask[index])
+
+
+def _new_buffer(cache: dict, like: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A self-attention buffer: zeros when the cache asks for them (see start_cache)."""
+    return like.new_zeros(shape) if cache["zeroed"] else like.new_empty(shape)
