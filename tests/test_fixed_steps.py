@@ -108,3 +108,24 @@ def test_ensemble_through_fixed_steps_equals_plain_ensemble() -> None:
     got = generate(fixed, src, cfg, 1024)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=1e-9)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_fixed_step_needs_no_tensor_values_on_the_host(overrides) -> None:
+    """A captured step may not read device values on the host (.item(), nonzero, `if tensor`):
+    on the meta device, which has shapes but no values, any such read raises. Off the CPU
+    the step also takes the device branches (attention and output projection) a GPU takes."""
+    vocab = TGT_V if overrides.get("share_all_embeddings") else SRC_V
+    model = tiny_model(10, vocab, TGT_V, dtype=torch.float32, **overrides)
+    cache: dict = {}
+    with torch.no_grad():
+        model.start_cache(model.encode(source_batch([5, 3], vocab)), 6, cache, zeroed=True)
+    model.prepare_static_step(cache)
+    buffers = [cache[name].to("meta") for name in ("self_kv", "cross_kv", "cross_mask")]
+    new_tokens = torch.zeros(6, 1, dtype=torch.long, device="meta")
+    index = torch.zeros((), dtype=torch.long, device="meta")
+    with torch.no_grad():
+        lprobs = model.to("meta").decode_step_static(new_tokens, index, *buffers)
+    assert lprobs.shape == (6, TGT_V) and lprobs.dtype == torch.float32 and lprobs.is_meta
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        index.item()  # what the check relies on
