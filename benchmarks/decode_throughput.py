@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile nmt's beam search on one batch: top operators (stderr) and how busy the device is")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="also measure nmt with its decoding steps replayed as CUDA graphs "
                         "(on a CPU: the same fixed-shape steps, without graphs)")
@@ -170,7 +172,15 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: bool = False) 
         hyps = generate(decoder, tokens, decode, cfg.max_target_positions)
         assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
 
-    return timed(torch, args, run_batch, source_sentences(args))
+    rows = source_sentences(args)
+    seconds = timed(torch, args, run_batch, rows)
+    if args.profile and beam == args.beam:
+        from device_profile import device_busy_line
+
+        first = next(batches(rows, args.batch_size, torch)).to(args.device)
+        unit = f"batch of {first.size(0)} ({args.tgt_len + 1} steps), nmt beam{beam}" + (" --cuda-graphs" * cuda_graphs)
+        print(device_busy_line(lambda: run_batch(first), 2, unit, torch.device(args.device)), flush=True)
+    return seconds
 
 
 def measure_hf(args: argparse.Namespace) -> float:

@@ -70,8 +70,9 @@ print(\"# torch\", torch.__version__, \"cuda\", torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA device\")"'
 step tests 150 python3 -m pytest -q -ra tests/test_accelerator.py
 step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DECODE \
-    --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON"
-step train_base 100 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings --systems nmt,torch,hf
+    --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON" --profile
+step train_base 100 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings --systems nmt,torch,hf \
+    --profile
 step train_big 80 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings --systems nmt,hf
 step decode_batch_$DECODE_LARGE_BATCH 60 python3 benchmarks/decode_throughput.py $DECODE \
     --batch-size "$DECODE_LARGE_BATCH" --skip-peer

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import self_peak_rss_mib
+from device_profile import device_busy_line
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
@@ -111,26 +112,13 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
 
         tps, peak = timed(step, args.steps, args.warmup, ntokens, device)
         if args.profile:
-            print_profile(step, device)
+            print(device_busy_line(lambda: step(0), 3, "update", device), flush=True)
         del engine
     return Result("nmt" + (" (compiled)" if args.compile else ""), tps, peak)
 
 
 def process_peak_rss_gib() -> float:
     return self_peak_rss_mib() / 1024
-
-
-def print_profile(step: Callable[[int], None], device: torch.device) -> None:
-    """Where three more updates spend their time, by operator (stderr)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        for i in range(3):
-            step(i)
-        synchronize(device)
-    sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
-    print(prof.key_averages().table(sort_by=sort_by, row_limit=25), file=sys.stderr)
 
 
 class TorchNNSeq2Seq(nn.Module):
@@ -331,7 +319,7 @@ def main() -> None:
                         help="measure every system this many times in turn; each system's median round counts")
     parser.add_argument("--compile", action="store_true", help="torch.compile every system")
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler)")
+    parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler, stderr) and how busy the device is per update")
     parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
     parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")

@@ -1,0 +1,50 @@
+"""How busy the device is during a benchmark step: kernel time against wall time.
+
+A step whose kernels keep the GPU busy for a small part of its wall time is bound by
+the host launching them, not by the GPU. Needs torch; imported only by the processes
+that measure nmt or torch itself.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+import torch
+from torch.autograd import DeviceType
+
+
+def device_busy_line(run: Callable[[], None], repeats: int, unit: str, device: torch.device) -> str:
+    """Time `repeats` calls of `run`, then profile as many: one summary line (returned)
+    and the top operators by device time (stderr). The wall time comes from the
+    unprofiled calls, since profiling slows the host down."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    run()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    sync()
+    wall = (time.perf_counter() - start) / repeats
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(repeats):
+            run()
+        sync()
+    events = prof.key_averages()
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(events.table(sort_by=sort_by, row_limit=25), file=sys.stderr)
+    if device.type != "cuda":
+        return f"# profile per {unit}: wall {wall * 1e3:.2f} ms (CPU: no device time)"
+    # Kernel events only, as torch's own table totals them (operators would count twice).
+    busy_us = sum(e.self_device_time_total for e in events
+                  if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    busy = busy_us / 1e6 / repeats
+    return f"# profile per {unit}: wall {wall * 1e3:.2f} ms, device busy {busy * 1e3:.2f} ms ({busy / wall:.0%})"
