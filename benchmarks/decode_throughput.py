@@ -165,7 +165,10 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: bool = False) 
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
     model = build_model(cfg, args.vocab, args.vocab).to(args.device).eval()
     # As translate --cuda-graphs; on a CPU the same fixed-shape steps run without graphs.
-    decoder = with_fixed_steps(model, use_graphs=args.device.startswith("cuda")) if cuda_graphs else model
+    capture_failures: list[str] = []
+    decoder = model
+    if cuda_graphs:
+        decoder = with_fixed_steps(model, use_graphs=args.device.startswith("cuda"), warn=capture_failures.append)
     decode = DecodeConfig(beam=beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
 
     def run_batch(tokens):
@@ -174,11 +177,15 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: bool = False) 
 
     rows = source_sentences(args)
     seconds = timed(torch, args, run_batch, rows)
+    if capture_failures:  # translate goes on without graphs; a figure would be mislabelled
+        raise RuntimeError(capture_failures[0])
     if args.profile and beam == args.beam:
         from device_profile import device_busy_line
 
         first = next(batches(rows, args.batch_size, torch)).to(args.device)
-        unit = f"batch of {first.size(0)} ({args.tgt_len + 1} steps), nmt beam{beam}" + (" --cuda-graphs" * cuda_graphs)
+        unit = f"batch of {first.size(0)} ({args.tgt_len + 1} steps), nmt beam{beam}"
+        if cuda_graphs:
+            unit += " --cuda-graphs"
         print(device_busy_line(lambda: run_batch(first), 2, unit, torch.device(args.device)), flush=True)
     return seconds
 

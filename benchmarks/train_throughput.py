@@ -319,7 +319,8 @@ def main() -> None:
                         help="measure every system this many times in turn; each system's median round counts")
     parser.add_argument("--compile", action="store_true", help="torch.compile every system")
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
-    parser.add_argument("--profile", action="store_true", help="print nmt's top operators (torch.profiler, stderr) and how busy the device is per update")
+    parser.add_argument("--profile", action="store_true",
+                        help="print nmt's top operators (torch.profiler, stderr) and how busy the device is per update")
     parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
     parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")

@@ -129,3 +129,19 @@ def test_fixed_step_needs_no_tensor_values_on_the_host(overrides) -> None:
     assert lprobs.shape == (6, TGT_V) and lprobs.dtype == torch.float32 and lprobs.is_meta
     with pytest.raises((RuntimeError, NotImplementedError)):
         index.item()  # what the check relies on
+
+
+def test_a_failed_capture_warns_once_and_decoding_goes_on() -> None:
+    """Asked for graphs of a model on the CPU, the capture fails: one warning, then the
+    same fixed-shape steps run eagerly, with the same output."""
+    model = tiny_model(11, normalize_before=True)
+    src = source_batch([6, 4, 8], SRC_V)
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_b=10, min_len=3)
+    warnings: list[str] = []
+    graphed = with_fixed_steps(model, use_graphs=True, warn=warnings.append)
+    got = generate(graphed, src, cfg, 1024)
+    want = generate(model, src, cfg, 1024)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=1e-9)
+    assert len(warnings) == 1 and warnings[0].startswith("warning: CUDA graph capture failed (")
+    assert not graphed.use_graphs

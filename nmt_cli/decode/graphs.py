@@ -15,11 +15,13 @@ makes new buffers and so new graphs: finished sentences therefore stay in the ba
 masked, until half of it is done (`sentence_drop_fraction`, read by the search).
 
 Without CUDA the same fixed-shape step runs eagerly, which is how the CPU tests check
-everything here but the capture itself.
+everything here but the capture itself. Should a capture fail, decoding goes on with
+eager fixed-shape steps, after one warning.
 """
 
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -32,6 +34,10 @@ from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.models.transformer import EncoderOut, Transformer
 
 
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 class GraphedTransformer:
     """A Transformer behind the search's IncrementalDecoder protocol, its one-token steps
     run with fixed shapes: replayed as CUDA graphs on a GPU (`use_graphs`), eagerly elsewhere."""
@@ -40,9 +46,10 @@ class GraphedTransformer:
     # done: every departure reallocates the cache, and each new buffer costs a capture.
     sentence_drop_fraction = 0.5
 
-    def __init__(self, model: Transformer, use_graphs: bool) -> None:
+    def __init__(self, model: Transformer, use_graphs: bool, warn: Callable[[str], None] = _to_stderr) -> None:
         self.model = model
         self.use_graphs = use_graphs
+        self.warn = warn
 
     def encode(self, src_tokens: Tensor) -> EncoderOut:
         return self.model.encode(src_tokens)
@@ -59,7 +66,13 @@ class GraphedTransformer:
         step = self._step_for(cache)
         step.new_tokens.copy_(prev_tokens[:, start:])
         step.index.fill_(start)
-        lprobs = step.run()
+        try:
+            lprobs = step.run()
+        except GraphCaptureError as error:
+            self.use_graphs = False
+            cache["fixed_steps"].clear()
+            self.warn(f"warning: {error}; decoding goes on without CUDA graphs")
+            lprobs = step.forward()
         cache["length"] = start + 1
         return lprobs
 
@@ -81,6 +94,10 @@ class GraphedTransformer:
                 del steps[old]
             steps[key] = _FixedStep.make(self.model, *buffers, use_graph=self.use_graphs)
         return steps[key]
+
+
+class GraphCaptureError(RuntimeError):
+    """A fixed-shape step could not be captured as a CUDA graph."""
 
 
 @dataclass
@@ -115,26 +132,32 @@ class _FixedStep:
         if self.graph is not None:
             self.graph.replay()
             return self.graph_output
-        return self._run_and_capture()
+        try:
+            return self._run_and_capture()
+        except Exception as error:  # noqa: BLE001 - whatever stopped the capture, the caller goes on eagerly
+            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise GraphCaptureError(f"CUDA graph capture failed ({message})") from error
 
     def _run_and_capture(self) -> Tensor:
         stream = _capture_stream(self.index.device)
         main = torch.cuda.current_stream(self.index.device)
         stream.wait_stream(main)
-        # Autocast's weight cache must stay off: casts cached by a capture would be freed
-        # when the caller's autocast region ends, while the graph still reads them.
-        with torch.cuda.stream(stream), _autocast_without_cache(self.index.device):
-            # The eager run is this step's answer, and warms up the capture stream
-            # (cuBLAS workspaces and other lazy state must not be created while capturing).
-            lprobs = self.forward()
-            stream.synchronize()  # nothing pending on the stream when its capture begins
-            graph = torch.cuda.CUDAGraph()
-            graph.capture_begin()
-            try:
-                output = self.forward()
-            finally:
-                graph.capture_end()
-        main.wait_stream(stream)
+        try:
+            # Autocast's weight cache must stay off: casts cached by a capture would be freed
+            # when the caller's autocast region ends, while the graph still reads them.
+            with torch.cuda.stream(stream), _autocast_without_cache(self.index.device):
+                # The eager run is this step's answer, and warms up the capture stream
+                # (cuBLAS workspaces and other lazy state must not be created while capturing).
+                lprobs = self.forward()
+                stream.synchronize()  # nothing pending on the stream when its capture begins
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin()
+                try:
+                    output = self.forward()
+                finally:
+                    graph.capture_end()
+        finally:
+            main.wait_stream(stream)
         lprobs.record_stream(main)
         self.graph, self.graph_output = graph, output
         return lprobs
@@ -160,10 +183,12 @@ def _autocast_without_cache(device: torch.device):
     return torch.autocast(device.type, dtype=dtype, cache_enabled=False) if enabled else nullcontext()
 
 
-def with_fixed_steps(decoder: IncrementalDecoder, use_graphs: bool) -> IncrementalDecoder:
-    """`decoder` (a Transformer or an ensemble of them) with its steps run by GraphedTransformer."""
+def with_fixed_steps(decoder: IncrementalDecoder, use_graphs: bool,
+                     warn: Callable[[str], None] = _to_stderr) -> IncrementalDecoder:
+    """`decoder` (a Transformer or an ensemble of them) with its steps run by GraphedTransformer;
+    `warn` gets the one line said when a capture fails."""
     if isinstance(decoder, Transformer):
-        return GraphedTransformer(decoder, use_graphs)
+        return GraphedTransformer(decoder, use_graphs, warn)
     if isinstance(decoder, Ensemble):
-        return Ensemble([with_fixed_steps(m, use_graphs) for m in decoder.models])
+        return Ensemble([with_fixed_steps(m, use_graphs, warn) for m in decoder.models])
     raise TypeError(f"no fixed-shape decoding steps for {type(decoder).__name__}")

@@ -79,7 +79,9 @@ class Translator:
         if cfg.cuda_graphs and self.device.type != "cuda":
             raise NmtError("--cuda-graphs needs --device cuda")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device)
-        self.decoder = with_fixed_steps(self.models.decoder, use_graphs=True) if cfg.cuda_graphs else self.models.decoder
+        self.decoder = self.models.decoder
+        if cfg.cuda_graphs:
+            self.decoder = with_fixed_steps(self.models.decoder, use_graphs=True, warn=warn)
         need_source = cfg.input_format == "raw"
         need_target = cfg.output_format in ("text", "jsonl")
         directory = text_directory(cfg.checkpoints[0], cfg.data_bin)

@@ -82,7 +82,8 @@ class SinusoidalPositions(nn.Module):
         """Make room for `length` positions, before `at` is called without host checks."""
         last = self.padding_idx + length
         if last >= self.table.size(0):
-            self.table = sinusoidal_table(max(last + 1, 2 * self.table.size(0)), self.dim, self.padding_idx).to(self.table)
+            size = max(last + 1, 2 * self.table.size(0))
+            self.table = sinusoidal_table(size, self.dim, self.padding_idx).to(self.table)
 
     def at(self, position: Tensor) -> Tensor:
         """The embedding (1, 1, D) of 0-based position `position`, a () long tensor on the device."""
