@@ -26,6 +26,7 @@ from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig, TrainConfig
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.decode import graphs
+from nmt_cli.decode.fixed_search import generate_fixed
 from nmt_cli.decode.search import generate
 from nmt_cli.models.registry import resolve_config
 from nmt_cli.train.distributed import DistInfo
@@ -117,17 +118,25 @@ def test_beam_search_on_device_equals_cpu(device: str, lagged_sync: bool) -> Non
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_search_through_cuda_graphs_equals_plain_search(device: str, monkeypatch) -> None:
-    """On CUDA the fixed-shape steps are captured and replayed; on the CPU they run eagerly.
-    The outputs pass the cache's first capacity (32), so the steps are captured again."""
+@pytest.mark.parametrize("scope", ["model", "whole"])
+def test_search_through_cuda_graphs_equals_plain_search(device: str, scope: str, monkeypatch) -> None:
+    """On CUDA the fixed-shape steps (the model's, or model and search together) are
+    captured and replayed; on the CPU they run eagerly. The outputs pass the cache's
+    first capacity (32), so the steps are captured again."""
     replays = []
-    run = graphs._FixedStep.run
-    monkeypatch.setattr(graphs._FixedStep, "run", lambda step: replays.append(step.graph is not None) or run(step))
+    call = graphs.GraphedCall.__call__
+    monkeypatch.setattr(graphs.GraphedCall, "__call__", lambda self: replays.append(self.graph is not None) or call(self))
     model = tiny_model(7, dtype=torch.float32, normalize_before=True).to(device)
     src = source_batch(8, [9, 3, 12, 5, 7, 2]).to(device)
     cfg = DecodeConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=30, min_len=34)
     expected = generate(model, src, cfg, max_target_positions=1024)
-    got = generate(graphs.with_fixed_steps(model, use_graphs=device == "cuda"), src, cfg, max_target_positions=1024)
+    failures: list[str] = []
+    graphed = graphs.GraphedTransformer(model, use_graphs=device == "cuda", warn=failures.append)
+    if scope == "whole":
+        got = generate_fixed(graphed, src, cfg, max_target_positions=1024)
+    else:
+        got = generate(graphed, src, cfg, max_target_positions=1024)
+    assert not failures
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
     for hyps, want in zip(got, expected):
         for h, w in zip(hyps, want):

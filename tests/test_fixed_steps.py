@@ -1,4 +1,5 @@
-"""Fixed-shape decoding steps (what `--cuda-graphs` captures) against the ordinary cached steps.
+"""Fixed-shape decoding steps (what `--cuda-graphs` captures) against the ordinary cached
+steps, and the search whose whole step is fixed against the ordinary search.
 
 On the CPU the fixed-shape step runs eagerly: everything but the capture itself is
 checked here; tests/test_accelerator.py replays the graphs on a GPU.
@@ -6,14 +7,18 @@ checked here; tests/test_accelerator.py replays the graphs on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
-from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
-from nmt_cli.decode.search import generate
+from nmt_cli.decode.fixed_search import _whole_step, generate_fixed, supports
+from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, with_fixed_steps
+from nmt_cli.decode.search import BeamState, generate
+from nmt_cli.errors import NmtError
 from nmt_cli.models import transformer as transformer_module
 
 VARIANTS = [
@@ -21,6 +26,18 @@ VARIANTS = [
     pytest.param({"normalize_before": True, "learned_pos": True}, id="pre-norm-learned-pos"),
     pytest.param({"share_all_embeddings": True, "scale_embedding": False}, id="share-all"),
 ]
+
+
+def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
+    """`model` with a bias towards `</s>` in its last hidden states, so that hypotheses end
+    at many different lengths (a random tiny model mostly runs to its maximum length)."""
+    decoder = model.decoder
+    norm = decoder.layer_norm if decoder.layer_norm is not None else decoder.layers[-1].final_layer_norm
+    bias = torch.randn(norm.bias.shape, generator=torch.Generator().manual_seed(3), dtype=norm.bias.dtype) * 0.5
+    with torch.no_grad():
+        norm.bias.copy_(bias)
+        decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
+    return model
 
 
 def source_batch(lengths: list[int], vocab: int) -> torch.Tensor:
@@ -87,7 +104,7 @@ def test_a_forced_prefix_runs_as_an_ordinary_step() -> None:
     DecodeConfig(beam=1, max_len_b=9, no_repeat_ngram_size=2),
 ], ids=["beam3", "beam2-long", "greedy"])
 def test_search_through_fixed_steps_equals_plain_search(cfg, lagged_sync) -> None:
-    model = tiny_model(7, normalize_before=True)
+    model = eos_prone(tiny_model(7, normalize_before=True))
     src = source_batch([7, 3, 5, 9, 2, 6], SRC_V)
     want = generate(model, src, cfg, 1024, lagged_sync=lagged_sync)
     got = generate(with_fixed_steps(model, use_graphs=False), src, cfg, 1024, lagged_sync=lagged_sync)
@@ -145,3 +162,70 @@ def test_a_failed_capture_warns_once_and_decoding_goes_on() -> None:
     assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=1e-9)
     assert len(warnings) == 1 and warnings[0].startswith("warning: CUDA graph capture failed (")
     assert not graphed.use_graphs
+
+
+# ---- the whole step fixed: model and search (nmt_cli/decode/fixed_search.py) ----
+
+
+@pytest.mark.parametrize("cfg", [
+    DecodeConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=4, min_len=2),
+    DecodeConfig(beam=3, nbest=2, max_len_b=40, min_len=35, lenpen=0.6, lenpen_style="gnmt"),
+    DecodeConfig(beam=2, nbest=2, max_len_b=12, lenpen=1.3, unk_penalty=0.7, temperature=0.8),
+    DecodeConfig(beam=1, max_len_a=0.5, max_len_b=3),
+    DecodeConfig(beam=5, nbest=5, max_len_b=0, min_len=0),
+], ids=["beam4", "beam3-long-gnmt", "beam2-unk-temperature", "greedy", "max-len-0"])
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_fixed_search_equals_plain_search(cfg, overrides) -> None:
+    vocab = TGT_V if overrides.get("share_all_embeddings") else SRC_V
+    model = eos_prone(tiny_model(12, vocab, TGT_V, **overrides))
+    src = source_batch([7, 3, 5, 9, 2, 6], vocab)
+    want = generate(model, src, cfg, 1024)
+    got = generate_fixed(GraphedTransformer(model, use_graphs=False), src, cfg, 1024)
+    for sentence_want, sentence_got in zip(want, got, strict=True):
+        assert [h.tokens for h in sentence_got] == [h.tokens for h in sentence_want]
+        assert [h.score for h in sentence_got] == pytest.approx([h.score for h in sentence_want], abs=1e-9)
+        for h_got, h_want in zip(sentence_got, sentence_want):
+            assert h_got.positional_scores == pytest.approx(h_want.positional_scores, abs=1e-9)
+
+
+def test_fixed_search_steps_until_every_sentence_is_done(monkeypatch) -> None:
+    """One call per step; the search stops one step after the last sentence is done
+    (the host reads the flags a step late), not at the longest allowed output."""
+    model = tiny_model(13)
+    src = source_batch([4, 6], SRC_V)
+    cfg = DecodeConfig(beam=2, nbest=2, max_len_b=60, min_len=5)
+    calls = []
+    call = GraphedCall.__call__
+    monkeypatch.setattr(GraphedCall, "__call__", lambda self: calls.append(self) or call(self))
+    hyps = generate_fixed(GraphedTransformer(model, use_graphs=False), src, cfg, 1024)
+    longest = max(len(h.tokens) for s in hyps for h in s)
+    assert longest < 60 and len(calls) <= longest + 2
+    assert hyps == generate(model, src, cfg, 1024)
+
+
+def test_fixed_search_rejects_what_it_does_not_support() -> None:
+    model = GraphedTransformer(tiny_model(14), use_graphs=False)
+    src = source_batch([4], SRC_V)
+    assert not supports(DecodeConfig(sampling=True)) and not supports(DecodeConfig(no_repeat_ngram_size=2))
+    with pytest.raises(ValueError):
+        generate_fixed(model, src, DecodeConfig(sampling=True), 1024)
+    with pytest.raises(NmtError, match="--beam 30"):
+        generate_fixed(model, src, DecodeConfig(beam=30, nbest=1), 1024)
+
+
+def test_whole_fixed_step_needs_no_tensor_values_on_the_host() -> None:
+    """As test_fixed_step_needs_no_tensor_values_on_the_host, for model and search together."""
+    model = tiny_model(15, dtype=torch.float32)
+    K, max_len = 3, torch.tensor([4, 7])
+    cache: dict = {}
+    with torch.no_grad():
+        model.start_cache(model.encode(source_batch([5, 3], SRC_V)), 2 * K, cache, zeroed=True)
+    model.prepare_static_step(cache)
+    buffers = tuple(cache[name].to("meta") for name in ("self_kv", "self_kv", "cross_kv", "cross_mask"))
+    state = BeamState.start(max_len, K, 10)
+    state = BeamState(*(t.to("meta") for t in dataclasses.astuple(state)))
+    position = torch.zeros((), dtype=torch.long, device="meta")
+    cfg = DecodeConfig(beam=K, nbest=2, min_len=2, unk_penalty=0.5, lenpen=0.6, lenpen_style="gnmt")
+    step = _whole_step(GraphedTransformer(model.to("meta"), use_graphs=False), state, position, buffers, cfg)
+    step()
+    assert state.tokens.is_meta and state.fin_scores.shape == (2, K + 1)

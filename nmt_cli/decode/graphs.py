@@ -13,6 +13,7 @@ buffers (reorder_cache gathers the rows into the spare one and swaps them), so a
 cache shape gets two graphs, one per buffer. A larger capacity or a smaller batch
 makes new buffers and so new graphs: finished sentences therefore stay in the batch,
 masked, until half of it is done (`sentence_drop_fraction`, read by the search).
+nmt_cli/decode/fixed_search.py captures the search's own work into the same graph.
 
 Without CUDA the same fixed-shape step runs eagerly, which is how the CPU tests check
 everything here but the capture itself. Should a capture fail, decoding goes on with
@@ -36,6 +37,70 @@ from nmt_cli.models.transformer import EncoderOut, Transformer
 
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr)
+
+
+class GraphedCall:
+    """A function of fixed shapes and memory, run as a CUDA graph on `device`.
+
+    The first call runs it eagerly (its answer, and the warm-up a capture needs) and
+    captures it; later calls replay the graph. A replay overwrites what the previous
+    replay returned. Without graphs (`use_graph` False, or after a failed capture,
+    which `failure` then names) every call runs eagerly.
+    """
+
+    def __init__(self, forward: Callable[[], Any], device: torch.device, use_graph: bool) -> None:
+        self.forward = forward
+        self.device = device
+        self.use_graph = use_graph
+        self.graph: Any = None  # torch.cuda.CUDAGraph once captured
+        self.graph_output: Any = None
+        self.failure: str | None = None
+
+    def __call__(self) -> Any:
+        if self.graph is not None:
+            self.graph.replay()
+            return self.graph_output
+        if not self.use_graph:
+            return self.forward()
+        try:
+            stream = _capture_stream(self.device)
+            main = torch.cuda.current_stream(self.device)
+        except Exception as error:  # noqa: BLE001 - no CUDA for this device: run eagerly
+            self._fail(error)
+            return self.forward()
+        stream.wait_stream(main)
+        try:
+            # Autocast's weight cache must stay off: casts cached by a capture would be freed
+            # when the caller's autocast region ends, while the graph still reads them.
+            with torch.cuda.stream(stream), _autocast_without_cache(self.device):
+                # The eager run is this call's answer, and warms up the capture stream
+                # (cuBLAS workspaces and other lazy state must not be created while capturing).
+                result = self.forward()
+                self._capture(stream)
+        finally:
+            main.wait_stream(stream)
+        if isinstance(result, Tensor):
+            result.record_stream(main)
+        return result
+
+    def _capture(self, stream) -> None:
+        try:
+            stream.synchronize()  # nothing pending on the stream when its capture begins
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin()
+            try:
+                output = self.forward()
+            finally:
+                graph.capture_end()
+        except Exception as error:  # noqa: BLE001 - whatever stopped the capture, the caller goes on eagerly
+            self._fail(error)
+            return
+        self.graph, self.graph_output = graph, output
+
+    def _fail(self, error: Exception) -> None:
+        text = str(error).strip()
+        self.failure = f"CUDA graph capture failed ({text.splitlines()[0] if text else type(error).__name__})"
+        self.use_graph = False
 
 
 class GraphedTransformer:
@@ -66,15 +131,16 @@ class GraphedTransformer:
         step = self._step_for(cache)
         step.new_tokens.copy_(prev_tokens[:, start:])
         step.index.fill_(start)
-        try:
-            lprobs = step.run()
-        except GraphCaptureError as error:
-            self.use_graphs = False
-            cache["fixed_steps"].clear()
-            self.warn(f"warning: {error}; decoding goes on without CUDA graphs")
-            lprobs = step.forward()
+        lprobs = step.call()
+        self.check(step.call)
         cache["length"] = start + 1
         return lprobs
+
+    def check(self, call: GraphedCall) -> None:
+        """After `call` ran: if its capture failed, warn once and capture nothing more."""
+        if call.failure is not None and self.use_graphs:
+            self.use_graphs = False
+            self.warn(f"warning: {call.failure}; decoding goes on without CUDA graphs")
 
     def reorder_cache(self, cache: dict[str, Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
         self.model.reorder_cache(cache, index, sentence_index=sentence_index)
@@ -82,38 +148,38 @@ class GraphedTransformer:
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
         return self.model.reorder_encoder_out(encoder_out, index)
 
-    def _step_for(self, cache: dict[str, Any]) -> "_FixedStep":
+    def _step_for(self, cache: dict[str, Any]) -> "_DecoderStep":
         """The fixed-shape step that reads the cache's current buffers (made on first use)."""
         buffers = (cache["self_kv"], cache["cross_kv"], cache["cross_mask"])
-        key = tuple((t.data_ptr(), tuple(t.shape)) for t in buffers) + (_autocast_state(buffers[0].device),)
-        steps: dict[tuple, _FixedStep] = cache.setdefault("fixed_steps", {})
+        steps: dict[tuple, _DecoderStep] = cache.setdefault("fixed_steps", {})
+        key = graph_key(steps, buffers)
         if key not in steps:
-            # Steps for other shapes read buffers that are gone: drop them (and their graphs).
-            shapes = tuple(shape for _, shape in key[:3])
-            for old in [k for k in steps if tuple(shape for _, shape in k[:3]) != shapes]:
-                del steps[old]
-            steps[key] = _FixedStep.make(self.model, *buffers, use_graph=self.use_graphs)
+            steps[key] = _DecoderStep.make(self.model, *buffers, use_graph=self.use_graphs)
         return steps[key]
 
 
-class GraphCaptureError(RuntimeError):
-    """A fixed-shape step could not be captured as a CUDA graph."""
+def graph_key(calls: dict[tuple, Any], buffers: tuple[Tensor, ...]) -> tuple:
+    """What a captured call reads, as a key of `calls`: the buffers' addresses and shapes,
+    and the autocast state. Calls for other shapes read buffers that are gone: they are
+    dropped from `calls` (with their graphs) when a new shape comes."""
+    shapes = tuple(tuple(t.shape) for t in buffers)
+    key = (tuple(t.data_ptr() for t in buffers), shapes, _autocast_state(buffers[0].device))
+    for old in [k for k in calls if k[1] != shapes]:
+        del calls[old]
+    return key
 
 
 @dataclass
-class _FixedStep:
-    """One fixed-shape decoding step: its two inputs, and how to run it."""
+class _DecoderStep:
+    """The model's fixed-shape step for one set of cache buffers, and its two inputs."""
 
-    new_tokens: Tensor  # (B*K, 1) long: written before each run
-    index: Tensor  # () long: the new token's position, written before each run
-    forward: Callable[[], Tensor]
-    use_graph: bool
-    graph: Any = None  # torch.cuda.CUDAGraph once captured
-    graph_output: Tensor | None = None
+    new_tokens: Tensor  # (B*K, 1) long: written before each call
+    index: Tensor  # () long: the new token's position, written before each call
+    call: GraphedCall  # -> (B*K, V) float32 log-probabilities
 
     @classmethod
     def make(cls, model: Transformer, self_kv: Tensor, cross_kv: Tensor, cross_mask: Tensor,
-             use_graph: bool) -> "_FixedStep":
+             use_graph: bool) -> "_DecoderStep":
         device = self_kv.device
         new_tokens = torch.zeros(self_kv.size(0), 1, dtype=torch.long, device=device)
         index = torch.zeros((), dtype=torch.long, device=device)
@@ -121,46 +187,7 @@ class _FixedStep:
         def forward() -> Tensor:
             return model.decode_step_static(new_tokens, index, self_kv, cross_kv, cross_mask)
 
-        return cls(new_tokens, index, forward, use_graph)
-
-    def run(self) -> Tensor:
-        """Log-probabilities (B*K, V) of this step. With graphs, the first run computes
-        them eagerly and captures the step; later runs replay it. A replay overwrites
-        the tensor the previous replay returned."""
-        if not self.use_graph:
-            return self.forward()
-        if self.graph is not None:
-            self.graph.replay()
-            return self.graph_output
-        try:
-            return self._run_and_capture()
-        except Exception as error:  # noqa: BLE001 - whatever stopped the capture, the caller goes on eagerly
-            message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise GraphCaptureError(f"CUDA graph capture failed ({message})") from error
-
-    def _run_and_capture(self) -> Tensor:
-        stream = _capture_stream(self.index.device)
-        main = torch.cuda.current_stream(self.index.device)
-        stream.wait_stream(main)
-        try:
-            # Autocast's weight cache must stay off: casts cached by a capture would be freed
-            # when the caller's autocast region ends, while the graph still reads them.
-            with torch.cuda.stream(stream), _autocast_without_cache(self.index.device):
-                # The eager run is this step's answer, and warms up the capture stream
-                # (cuBLAS workspaces and other lazy state must not be created while capturing).
-                lprobs = self.forward()
-                stream.synchronize()  # nothing pending on the stream when its capture begins
-                graph = torch.cuda.CUDAGraph()
-                graph.capture_begin()
-                try:
-                    output = self.forward()
-                finally:
-                    graph.capture_end()
-        finally:
-            main.wait_stream(stream)
-        lprobs.record_stream(main)
-        self.graph, self.graph_output = graph, output
-        return lprobs
+        return cls(new_tokens, index, GraphedCall(forward, device, use_graph))
 
 
 _CAPTURE_STREAMS: dict[torch.device, Any] = {}

@@ -178,10 +178,13 @@ class BeamState:
         )
 
 
-def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, step: int, cfg: DecodeConfig) -> None:
+def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, column: Tensor,
+                      cfg: DecodeConfig) -> None:
     """Store the `</s>` candidates among the first K as finished hypotheses (in place).
 
-    Sentences already done are left alone, and so are their finished hypotheses.
+    `column` (1,) long, on the device: step + 1, where this step's tokens go (a tensor,
+    so that nothing here depends on the step on the host). Sentences already done are
+    left alone, and so are their finished hypotheses.
     """
     scores, tokens, beams = (c[:, : cfg.beam] for c in cands)  # (B, K) each
     B, K = scores.shape
@@ -190,20 +193,22 @@ def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lp
     rank = state.fin_count.unsqueeze(1) + is_eos.long().cumsum(dim=1) - 1
     slot = torch.where(is_eos & (rank < K), rank, torch.full_like(rank, K))  # K: discard
     rows = (torch.arange(B, device=scores.device).unsqueeze(1) * K + beams).view(-1)  # (B*K,)
-    hyp_tokens = state.tokens[rows].view(B, K, L)
-    hyp_tokens[:, :, step + 1] = EOS_ID
-    hyp_lprobs = state.token_lprobs[rows].view(B, K, L)
-    hyp_lprobs[:, :, step + 1] = lprobs[rows, EOS_ID].view(B, K)
+    hyp_tokens = state.tokens.index_select(0, rows).view(B, K, L).index_fill_(2, column, EOS_ID)
+    hyp_lprobs = state.token_lprobs.index_select(0, rows).view(B, K, L)
+    hyp_lprobs.index_copy_(2, column, lprobs[rows, EOS_ID].view(B, K, 1))
     slot_rows = slot.unsqueeze(2).expand(B, K, L)
     state.fin_tokens.scatter_(1, slot_rows, hyp_tokens)
     state.fin_lprobs.scatter_(1, slot_rows, hyp_lprobs)
-    state.fin_scores.scatter_(1, slot, scores / length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style))
-    state.fin_len.scatter_(1, slot, torch.full_like(slot, step + 1))
+    divisor = length_penalty(column.double(), cfg.lenpen, cfg.lenpen_style).float()  # (1,)
+    state.fin_scores.scatter_(1, slot, scores / divisor)
+    state.fin_len.scatter_(1, slot, column.expand(B, K))
     state.fin_count += slot.lt(K).sum(dim=1)
 
 
-def advance_beams(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, step: int, K: int) -> Tensor:
-    """Continue each sentence with its best K candidates not ending in `</s>` (in place).
+def advance_beams(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, column: Tensor,
+                  K: int) -> Tensor:
+    """Continue each sentence with its best K candidates not ending in `</s>`, in place
+    (the state's tensors keep their memory). `column` as in finish_hypotheses.
 
     Returns the (B*K,) rows of the previous step that the new beams extend.
     """
@@ -214,13 +219,12 @@ def advance_beams(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs
     order_key = is_eos.long() * C + torch.arange(C, device=scores.device)
     key, chosen = order_key.topk(K, dim=1, largest=False)  # (B, K)
     new_scores = scores.gather(1, chosen).masked_fill(key >= C, -math.inf)  # no live candidate: dead
-    new_tokens = tokens.gather(1, chosen).view(-1)
+    new_tokens = tokens.gather(1, chosen).view(-1, 1)
     rows = (torch.arange(B, device=scores.device).unsqueeze(1) * K + beams.gather(1, chosen)).view(-1)
-    state.tokens = state.tokens[rows]
-    state.tokens[:, step + 1] = new_tokens
-    state.token_lprobs = state.token_lprobs[rows]
-    state.token_lprobs[:, step + 1] = lprobs[rows, new_tokens]
-    state.cum_scores = new_scores
+    state.tokens.copy_(state.tokens.index_select(0, rows)).index_copy_(1, column, new_tokens)
+    new_lprobs = lprobs[rows, new_tokens.view(-1)].view(-1, 1)
+    state.token_lprobs.copy_(state.token_lprobs.index_select(0, rows)).index_copy_(1, column, new_lprobs)
+    state.cum_scores.copy_(new_scores)
     return rows
 
 
@@ -256,10 +260,11 @@ def generate(
     encoder_out = model.encode(src_tokens)  # per sentence: the K beams of a sentence share it
     cache: dict[str, Any] = {}
     lagged_sync = device.type == "cuda" if lagged_sync is None else lagged_sync
-    pending: _HostCopy | None = None  # last step's `done` flags, on their way to the host
+    pending: HostCopy | None = None  # last step's `done` flags, on their way to the host
     # Done sentences leave once this fraction of the batch is done (0: at once); until
     # then they stay, masked. A decoder whose steps have fixed shapes asks for more.
     drop_fraction = getattr(model, "sentence_drop_fraction", 0.0)
+    column = torch.ones(1, dtype=torch.long, device=device)  # step + 1, kept on the device
     for step in range(L - 1):
         B = state.cum_scores.size(0)
         lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
@@ -273,10 +278,11 @@ def generate(
             cands = sample_candidates(lprobs3, state.cum_scores, step, cfg.sampling_topk, cfg.sampling_topp, generator)
         else:
             cands = beam_candidates(lprobs3, state.cum_scores, step)
-        finish_hypotheses(state, cands, lprobs, step, cfg)
-        state.done = state.done | state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
-        rows = advance_beams(state, cands, lprobs, step, K)
-        done = pending if lagged_sync else _HostCopy(state.done)
+        finish_hypotheses(state, cands, lprobs, column, cfg)
+        state.done |= state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
+        rows = advance_beams(state, cands, lprobs, column, K)
+        column += 1
+        done = pending if lagged_sync else HostCopy(state.done)
         kept_sentences = None  # all sentences stay, unless some leave below
         if done is not None:
             done_flags = done.get()
@@ -289,13 +295,13 @@ def generate(
                 _store_finished(results, state)
                 state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
                 kept_sentences = keep
-        pending = _HostCopy(state.done) if lagged_sync else None
+        pending = HostCopy(state.done) if lagged_sync else None
         model.reorder_cache(cache, rows, sentence_index=kept_sentences)
     _store_finished(results, state)
-    return _best_hypotheses(results, cfg.nbest)
+    return best_hypotheses(results, cfg.nbest)
 
 
-class _HostCopy:
+class HostCopy:
     """A device tensor copied to the host without blocking; `get` waits for the copy only."""
 
     def __init__(self, tensor: Tensor) -> None:
@@ -329,7 +335,7 @@ def _store_finished(results: BeamState, state: BeamState) -> None:
         getattr(results, name)[state.sentence] = getattr(state, name)
 
 
-def _best_hypotheses(results: BeamState, nbest: int) -> list[list[Hypothesis]]:
+def best_hypotheses(results: BeamState, nbest: int) -> list[list[Hypothesis]]:
     """Per sentence, the `nbest` finished hypotheses by descending score (on the host)."""
     scores, lengths = results.fin_scores.cpu(), results.fin_len.cpu()
     tokens, lprobs, counts = results.fin_tokens.cpu(), results.fin_lprobs.cpu(), results.fin_count.cpu()

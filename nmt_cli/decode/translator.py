@@ -17,7 +17,9 @@ import torch
 
 from nmt_cli.config import TranslateConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
-from nmt_cli.decode.graphs import with_fixed_steps
+from nmt_cli.decode.fixed_search import generate_fixed
+from nmt_cli.decode.fixed_search import supports as supports_fixed_search
+from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
 from nmt_cli.decode.search import Hypothesis, generate
@@ -139,12 +141,16 @@ class Translator:
             items = [todo[j] for j in batch]
             src_tokens = pad_batch([encoded[i] for i in items], self.device)
             with self._autocast():
-                hypotheses = generate(
-                    self.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator
-                )
+                hypotheses = self._search(src_tokens)
             for i, hyps in zip(items, hypotheses):
                 results[i].hypotheses = hyps
         return results
+
+    def _search(self, src_tokens: torch.Tensor) -> list[list[Hypothesis]]:
+        decode, max_positions = self.cfg.decode, self.models.max_target_positions
+        if isinstance(self.decoder, GraphedTransformer) and supports_fixed_search(decode):
+            return generate_fixed(self.decoder, src_tokens, decode, max_positions)  # one graph per step
+        return generate(self.decoder, src_tokens, decode, max_positions, self.generator)
 
     def _autocast(self):
         if self.cfg.precision == "fp32":
