@@ -85,8 +85,8 @@ def _default_device() -> str:
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="bf16/fp16 run the model under autocast (fp16 on cuda only); search stays in fp32.")
 @click.option("--cuda-graphs", is_flag=True,
-              help="Replay each decoding step as a CUDA graph: one launch instead of hundreds of small "
-                   "kernels (cuda only; same translations).")
+              help="Replay each decoding step (model and search) as one CUDA graph: one launch instead of "
+                   "hundreds of small kernels (cuda only; same translations).")
 @click.option("--errors", type=click.Choice(ERROR_POLICIES), default="strict", show_default=True,
               help="Invalid UTF-8 input: strict stops with an error naming the line (lines before it are "
                    "translated and written); replace substitutes U+FFFD.")
