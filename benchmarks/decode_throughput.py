@@ -158,7 +158,7 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
     import torch
 
     from nmt_cli.config import DecodeConfig
-    from nmt_cli.decode.fixed_search import generate_fixed
+    from nmt_cli.decode.fixed_search import FixedSearch
     from nmt_cli.decode.graphs import with_fixed_steps
     from nmt_cli.decode.search import generate
     from nmt_cli.models.registry import build_model, resolve_config
@@ -174,10 +174,17 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
         decoder = with_fixed_steps(model, use_graphs=args.device.startswith("cuda"), warn=capture_failures.append)
     decode = DecodeConfig(beam=beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
 
-    search = generate_fixed if cuda_graphs == "whole" else generate
+    if cuda_graphs == "whole":  # as translate: buffers and graphs kept from batch to batch
+        fixed = FixedSearch(decoder, decode)
+
+        def search(tokens):
+            return fixed.generate(tokens, cfg.max_target_positions)
+    else:
+        def search(tokens):
+            return generate(decoder, tokens, decode, cfg.max_target_positions)
 
     def run_batch(tokens):
-        hyps = search(decoder, tokens, decode, cfg.max_target_positions)
+        hyps = search(tokens)
         assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
 
     rows = source_sentences(args)

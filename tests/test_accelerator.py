@@ -26,7 +26,7 @@ from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig, TrainConfig
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.decode import graphs
-from nmt_cli.decode.fixed_search import generate_fixed
+from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.search import generate
 from nmt_cli.models.registry import resolve_config
 from nmt_cli.train.distributed import DistInfo
@@ -122,26 +122,30 @@ def test_beam_search_on_device_equals_cpu(device: str, lagged_sync: bool) -> Non
 def test_search_through_cuda_graphs_equals_plain_search(device: str, scope: str, monkeypatch) -> None:
     """On CUDA the fixed-shape steps (the model's, or model and search together) are
     captured and replayed; on the CPU they run eagerly. The outputs pass the cache's
-    first capacity (32), so the steps are captured again."""
+    first capacity (32), so the steps are captured again; the second batch replays the
+    first's graphs (model and search together)."""
     replays = []
     call = graphs.GraphedCall.__call__
     monkeypatch.setattr(graphs.GraphedCall, "__call__", lambda self: replays.append(self.graph is not None) or call(self))
     model = tiny_model(7, dtype=torch.float32, normalize_before=True).to(device)
-    src = source_batch(8, [9, 3, 12, 5, 7, 2]).to(device)
-    cfg = DecodeConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=30, min_len=34)
-    expected = generate(model, src, cfg, max_target_positions=1024)
+    cfg = DecodeConfig(beam=4, nbest=4, max_len_b=40, min_len=34)
     failures: list[str] = []
     graphed = graphs.GraphedTransformer(model, use_graphs=device == "cuda", warn=failures.append)
-    if scope == "whole":
-        got = generate_fixed(graphed, src, cfg, max_target_positions=1024)
-    else:
-        got = generate(graphed, src, cfg, max_target_positions=1024)
+    search = FixedSearch(graphed, cfg)
+    # Two batches of one padded shape: the second reuses the first's buffers and graphs.
+    for seed, lengths in ((8, [9, 3, 12, 5, 7, 2]), (9, [4, 11, 6, 6, 8, 3])):
+        src = source_batch(seed, lengths).to(device)
+        expected = generate(model, src, cfg, max_target_positions=1024)
+        if scope == "whole":
+            got = search.generate(src, max_target_positions=1024)
+        else:
+            got = generate(graphed, src, cfg, max_target_positions=1024)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+        for hyps, want in zip(got, expected):
+            for h, w in zip(hyps, want):
+                assert h.score == pytest.approx(w.score, abs=1e-5)
     assert not failures
-    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
-    for hyps, want in zip(got, expected):
-        for h, w in zip(hyps, want):
-            assert h.score == pytest.approx(w.score, abs=1e-5)
-    assert len(replays) >= 35 and any(replays) == (device == "cuda")
+    assert len(replays) >= 70 and any(replays) == (device == "cuda")
 
 
 @pytest.mark.parametrize("device", DEVICES)

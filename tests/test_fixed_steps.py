@@ -15,7 +15,7 @@ from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
-from nmt_cli.decode.fixed_search import _whole_step, generate_fixed, supports
+from nmt_cli.decode.fixed_search import FixedSearch, Workspace, _whole_step, generate_fixed, supports
 from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.search import BeamState, generate
 from nmt_cli.errors import NmtError
@@ -217,15 +217,37 @@ def test_whole_fixed_step_needs_no_tensor_values_on_the_host() -> None:
     """As test_fixed_step_needs_no_tensor_values_on_the_host, for model and search together."""
     model = tiny_model(15, dtype=torch.float32)
     K, max_len = 3, torch.tensor([4, 7])
-    cache: dict = {}
     with torch.no_grad():
-        model.start_cache(model.encode(source_batch([5, 3], SRC_V)), 2 * K, cache, zeroed=True)
-    model.prepare_static_step(cache)
-    buffers = tuple(cache[name].to("meta") for name in ("self_kv", "self_kv", "cross_kv", "cross_mask"))
+        cross_kv, cross_mask = model.cross_attention_state(model.encode(source_batch([5, 3], SRC_V)))
     state = BeamState.start(max_len, K, 10)
     state = BeamState(*(t.to("meta") for t in dataclasses.astuple(state)))
     position = torch.zeros((), dtype=torch.long, device="meta")
+    ws = Workspace(state, position, cross_kv.to("meta"), cross_mask.to("meta"))
+    self_kv, spare = ws.buffers(32)
     cfg = DecodeConfig(beam=K, nbest=2, min_len=2, unk_penalty=0.5, lenpen=0.6, lenpen_style="gnmt")
-    step = _whole_step(GraphedTransformer(model.to("meta"), use_graphs=False), state, position, buffers, cfg)
-    step()
-    assert state.tokens.is_meta and state.fin_scores.shape == (2, K + 1)
+    _whole_step(model.to("meta"), ws, self_kv, spare, cfg)()
+    assert state.tokens.is_meta and state.fin_scores.shape == (2, K + 1) and self_kv.is_meta
+
+
+def test_fixed_search_reuses_buffers_and_steps_for_batches_of_one_shape(monkeypatch) -> None:
+    """Batches whose padded shapes match share a workspace: its steps are made (captured)
+    once, and every batch still gets exactly what a fresh search gives."""
+    made = []
+    init = GraphedCall.__init__
+    monkeypatch.setattr(GraphedCall, "__init__", lambda self, *a: made.append(1) or init(self, *a))
+    model = eos_prone(tiny_model(16, normalize_before=True))
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_b=40, min_len=34)  # past the first capacity (32)
+    search = FixedSearch(GraphedTransformer(model, use_graphs=False), cfg)
+    made_per_batch = []
+    for seed, lengths in enumerate([[7, 3, 5, 9], [6, 6, 2, 4], [12, 2, 4, 3]]):  # all pad to 16 tokens
+        src = padded_batch(30 + seed, lengths, SRC_V)
+        src[torch.arange(len(lengths)), torch.tensor(lengths) - 1] = EOS
+        want = generate(model, src, cfg, 1024)
+        got = search.generate(src, 1024)
+        assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want], seed
+        assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=1e-9)
+        made_per_batch.append(len(made))
+    assert len(search.workspaces) == 1
+    assert made_per_batch == [4, 4, 4]  # one step per buffer, for capacities 32 and 64, made once
+    search.generate(source_batch([4, 5], SRC_V), 1024)  # another batch size: another workspace
+    assert len(search.workspaces) == 2

@@ -6,26 +6,37 @@ Here they run on buffers of fixed shapes with the step number on the device, so 
 whole step is captured and replayed: per step the host launches one graph and asks,
 one step late, whether every sentence is done.
 
+A capture costs about as much as several eager steps, so the buffers and graphs of a
+batch shape are kept for the next batch of that shape (a `Workspace`): sources are
+padded to a multiple of SOURCE_BUCKET tokens so that batches of similar lengths share
+one. Each workspace keeps, per cache capacity (doubling from the model's first
+capacity), two self-attention buffers that alternate (the step gathers the reordered
+rows of one into the other, whole capacity) and the two graphs that read them.
+
 The semantics are `search.generate`'s (the same candidate, finishing and advancing
 functions run inside the step), for beam search and greedy decoding without sampling
 or --no-repeat-ngram-size (`supports`). How differs, not what:
 * at step 0 the beams other than the first start at -inf instead of being skipped:
   the same candidates, as all beams are the same then;
 * finished sentences stay in the batch, masked, until every sentence is done;
-* the cache's spare buffer receives the reordered rows of its whole capacity.
+* the source is padded to the bucket (pads are masked, as in any padded batch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
-from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, graph_key
+from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, autocast_state
 from nmt_cli.decode.search import (
     BeamState,
     HostCopy,
@@ -36,6 +47,15 @@ from nmt_cli.decode.search import (
     max_output_lengths,
 )
 from nmt_cli.errors import NmtError
+from nmt_cli.models import transformer as transformer_module
+from nmt_cli.models.transformer import Transformer, self_kv_shape
+
+# Sources are right-padded to a multiple of this many tokens, so that batches of
+# similar lengths share buffers and graphs.
+SOURCE_BUCKET = 16
+# Workspaces kept (least recently used dropped first): each holds cache buffers of
+# every capacity its batches reached.
+MAX_WORKSPACES = 2
 
 
 def supports(cfg: DecodeConfig) -> bool:
@@ -43,60 +63,114 @@ def supports(cfg: DecodeConfig) -> bool:
     return not cfg.sampling and cfg.no_repeat_ngram_size == 0
 
 
-@torch.inference_mode()
+@dataclass
+class Workspace:
+    """What the graphed steps of one batch shape read and write, kept between batches."""
+
+    state: BeamState
+    position: Tensor  # () long: the step, on the device
+    cross_kv: Tensor
+    cross_mask: Tensor
+    self_kv: dict[int, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)  # capacity -> buffers
+    steps: dict[tuple[int, int], GraphedCall] = dataclasses.field(default_factory=dict)  # (capacity, parity)
+
+    def buffers(self, capacity: int) -> tuple[Tensor, Tensor]:
+        """The two self-attention buffers of `capacity` (zeros at first: a step reads all of one)."""
+        if capacity not in self.self_kv:
+            shape = self_kv_shape(self.cross_kv, self.state.tokens.size(0), capacity)
+            self.self_kv[capacity] = tuple(self.cross_kv.new_zeros(shape) for _ in range(2))
+        return self.self_kv[capacity]
+
+
+class FixedSearch:
+    """Beam search for one model and one decoding config, one graphed call per step."""
+
+    def __init__(self, decoder: GraphedTransformer, cfg: DecodeConfig) -> None:
+        if not supports(cfg):
+            raise ValueError("FixedSearch needs beam search without sampling or --no-repeat-ngram-size")
+        self.decoder = decoder
+        self.cfg = cfg
+        self.workspaces: OrderedDict[tuple, Workspace] = OrderedDict()
+
+    @torch.inference_mode()
+    def generate(self, src_tokens: Tensor, max_target_positions: int) -> list[list[Hypothesis]]:
+        """search.generate for src_tokens (B, S), right-padded with `<pad>`."""
+        cfg, model = self.cfg, self.decoder.model
+        B, K = src_tokens.size(0), cfg.beam
+        if B == 0:
+            return []
+        V = model.decoder.output_projection.weight.size(0)
+        if K > V:
+            raise NmtError(f"--beam {K} is larger than the target vocabulary ({V} symbols)")
+        src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
+        max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
+        L = max(max_len) + 2
+        src_tokens = F.pad(src_tokens, (0, -src_tokens.size(1) % SOURCE_BUCKET), value=PAD_ID)
+        ws = self._workspace(src_tokens, torch.tensor(max_len, device=src_tokens.device), L)
+        pending: HostCopy | None = None  # the previous step's `done` flags, on their way to the host
+        capacity = transformer_module.INITIAL_CACHE_CAPACITY
+        for step in range(L - 1):
+            model.decoder.embed_positions.prepare(step + 1)
+            parity = step % 2  # the buffer that holds the cache at this step
+            while step >= capacity:  # the filled prefix moves to buffers twice as long
+                old = ws.buffers(capacity)[parity]
+                capacity *= 2
+                ws.buffers(capacity)[parity][:, :step].copy_(old[:, :step])
+            if (capacity, parity) not in ws.steps:
+                self_kv, spare = ws.buffers(capacity)[parity], ws.buffers(capacity)[1 - parity]
+                forward = _whole_step(model, ws, self_kv, spare, cfg)
+                ws.steps[capacity, parity] = GraphedCall(forward, src_tokens.device, self.decoder.use_graphs)
+            call = ws.steps[capacity, parity]
+            call()
+            self.decoder.check(call)
+            if pending is not None and bool(pending.get().all()):
+                break
+            pending = HostCopy(ws.state.done)
+        return best_hypotheses(ws.state, cfg.nbest)
+
+    def _workspace(self, src_tokens: Tensor, max_len: Tensor, L: int) -> Workspace:
+        """The workspace of this batch's shape, reset for it: a new batch's state, encoder
+        states and position 0. (The self-attention buffers keep the last batch's values:
+        finite, and masked until overwritten.)"""
+        model, K = self.decoder.model, self.cfg.beam
+        B = src_tokens.size(0)
+        width = L + (-L % SOURCE_BUCKET)  # room for the tokens; the loop stops at L anyway
+        state = BeamState.start(max_len, K, width)
+        state.cum_scores[:, 1:] = -math.inf  # step 0 expands the first beam only
+        cross_kv, cross_mask = model.cross_attention_state(model.encode(src_tokens))
+        key = (B, src_tokens.size(1), width, src_tokens.device, autocast_state(src_tokens.device))
+        ws = self.workspaces.get(key)
+        if ws is None:
+            ws = Workspace(state, torch.zeros((), dtype=torch.long, device=src_tokens.device), cross_kv, cross_mask)
+            self.workspaces[key] = ws
+            while len(self.workspaces) > MAX_WORKSPACES:
+                self.workspaces.popitem(last=False)
+            return ws
+        self.workspaces.move_to_end(key)
+        for field in dataclasses.fields(BeamState):
+            getattr(ws.state, field.name).copy_(getattr(state, field.name))
+        ws.cross_kv.copy_(cross_kv)
+        ws.cross_mask.copy_(cross_mask)
+        ws.position.zero_()
+        return ws
+
+
 def generate_fixed(decoder: GraphedTransformer, src_tokens: Tensor, cfg: DecodeConfig,
                    max_target_positions: int) -> list[list[Hypothesis]]:
-    """search.generate for one model, each step one GraphedCall (a CUDA graph where the
-    decoder uses graphs). src_tokens (B, S) right-padded; see search.generate."""
-    if not supports(cfg):
-        raise ValueError("generate_fixed needs beam search without sampling or --no-repeat-ngram-size")
-    B, K = src_tokens.size(0), cfg.beam
-    device = src_tokens.device
-    if B == 0:
-        return []
-    model = decoder.model
-    V = model.decoder.output_projection.weight.size(0)
-    if K > V:
-        raise NmtError(f"--beam {K} is larger than the target vocabulary ({V} symbols)")
-    src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
-    max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
-    L = max(max_len) + 2
-    state = BeamState.start(torch.tensor(max_len, device=device), K, L)
-    state.cum_scores[:, 1:] = -math.inf  # step 0 expands the first beam only
-    cache: dict[str, Any] = {}
-    model.start_cache(model.encode(src_tokens), B * K, cache, zeroed=True)
-    position = torch.zeros((), dtype=torch.long, device=device)  # the step, on the device
-    calls: dict[tuple, GraphedCall] = {}
-    pending: HostCopy | None = None  # the previous step's `done` flags, on their way to the host
-    for step in range(L - 1):
-        cache["length"] = step
-        model.prepare_static_step(cache)  # may grow the cache, which drops the spare buffer
-        if cache["self_kv_spare"] is None:
-            cache["self_kv_spare"] = torch.zeros_like(cache["self_kv"])
-        buffers = (cache["self_kv"], cache["self_kv_spare"], cache["cross_kv"], cache["cross_mask"])
-        key = graph_key(calls, buffers)
-        if key not in calls:
-            calls[key] = GraphedCall(_whole_step(decoder, state, position, buffers, cfg), device, decoder.use_graphs)
-        calls[key]()
-        decoder.check(calls[key])
-        cache["self_kv"], cache["self_kv_spare"] = cache["self_kv_spare"], cache["self_kv"]
-        if pending is not None and bool(pending.get().all()):
-            break
-        pending = HostCopy(state.done)
-    return best_hypotheses(state, cfg.nbest)
+    """One batch through a FixedSearch of its own (nothing kept for later batches)."""
+    return FixedSearch(decoder, cfg).generate(src_tokens, max_target_positions)
 
 
-def _whole_step(decoder: GraphedTransformer, state: BeamState, position: Tensor, buffers: tuple[Tensor, ...],
-                cfg: DecodeConfig):
-    """The step at `position` as a function of fixed shapes, everything in place: the model's
-    step, the search's, the cache rows gathered into the spare buffer, position + 1."""
-    self_kv, spare, cross_kv, cross_mask = buffers
+def _whole_step(model: Transformer, ws: Workspace, self_kv: Tensor, spare: Tensor, cfg: DecodeConfig) -> Callable[[], None]:
+    """The step at ws.position as a function of fixed shapes, everything in place: the
+    model's step, the search's, the cache rows gathered into `spare`, position + 1."""
+    state, position = ws.state, ws.position
     B, K = state.cum_scores.shape
 
     def step() -> None:
         column = position.view(1) + 1  # where this step's tokens go
         last_tokens = state.tokens.index_select(1, position.view(1))  # (B*K, 1)
-        lprobs = decoder.model.decode_step_static(last_tokens, position, self_kv, cross_kv, cross_mask)
+        lprobs = model.decode_step_static(last_tokens, position, self_kv, ws.cross_kv, ws.cross_mask)
         lprobs = _adjust(lprobs, position, state.max_len, K, cfg)
         V = lprobs.size(1)
         flat = (lprobs.view(B, K, V) + state.cum_scores.unsqueeze(2)).view(B, K * V)

@@ -163,7 +163,7 @@ def graph_key(calls: dict[tuple, Any], buffers: tuple[Tensor, ...]) -> tuple:
     and the autocast state. Calls for other shapes read buffers that are gone: they are
     dropped from `calls` (with their graphs) when a new shape comes."""
     shapes = tuple(tuple(t.shape) for t in buffers)
-    key = (tuple(t.data_ptr() for t in buffers), shapes, _autocast_state(buffers[0].device))
+    key = (tuple(t.data_ptr() for t in buffers), shapes, autocast_state(buffers[0].device))
     for old in [k for k in calls if k[1] != shapes]:
         del calls[old]
     return key
@@ -200,13 +200,14 @@ def _capture_stream(device: torch.device):
     return _CAPTURE_STREAMS[device]
 
 
-def _autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
+def autocast_state(device: torch.device) -> tuple[bool, torch.dtype | None]:
+    """Whether autocast is on for `device`, and its dtype: part of what a graph captured."""
     enabled = torch.is_autocast_enabled(device.type)
     return enabled, torch.get_autocast_dtype(device.type) if enabled else None
 
 
 def _autocast_without_cache(device: torch.device):
-    enabled, dtype = _autocast_state(device)
+    enabled, dtype = autocast_state(device)
     return torch.autocast(device.type, dtype=dtype, cache_enabled=False) if enabled else nullcontext()
 
 

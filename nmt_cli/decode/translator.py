@@ -17,7 +17,7 @@ import torch
 
 from nmt_cli.config import TranslateConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
-from nmt_cli.decode.fixed_search import generate_fixed
+from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.lines import InputLine
@@ -82,8 +82,13 @@ class Translator:
             raise NmtError("--cuda-graphs needs --device cuda")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device)
         self.decoder = self.models.decoder
+        # With --cuda-graphs, beam search on one model is one graph per step; otherwise
+        # (ensembles, sampling, n-gram bans) the model's step alone is graphed.
+        self.fixed_search: FixedSearch | None = None
         if cfg.cuda_graphs:
             self.decoder = with_fixed_steps(self.models.decoder, use_graphs=True, warn=warn)
+            if isinstance(self.decoder, GraphedTransformer) and supports_fixed_search(cfg.decode):
+                self.fixed_search = FixedSearch(self.decoder, cfg.decode)
         need_source = cfg.input_format == "raw"
         need_target = cfg.output_format in ("text", "jsonl")
         directory = text_directory(cfg.checkpoints[0], cfg.data_bin)
@@ -147,10 +152,10 @@ class Translator:
         return results
 
     def _search(self, src_tokens: torch.Tensor) -> list[list[Hypothesis]]:
-        decode, max_positions = self.cfg.decode, self.models.max_target_positions
-        if isinstance(self.decoder, GraphedTransformer) and supports_fixed_search(decode):
-            return generate_fixed(self.decoder, src_tokens, decode, max_positions)  # one graph per step
-        return generate(self.decoder, src_tokens, decode, max_positions, self.generator)
+        max_positions = self.models.max_target_positions
+        if self.fixed_search is not None:
+            return self.fixed_search.generate(src_tokens, max_positions)
+        return generate(self.decoder, src_tokens, self.cfg.decode, max_positions, self.generator)
 
     def _autocast(self):
         if self.cfg.precision == "fp32":

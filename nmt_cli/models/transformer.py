@@ -293,19 +293,23 @@ class Transformer(nn.Module):
         sentences = encoder_out.out.size(0)
         if rows % sentences != 0:
             raise ValueError(f"decode_step got {rows} target rows for {sentences} sentences; it needs K per sentence")
+        cache["length"] = 0
+        cross_kv, cache["cross_mask"] = self.cross_attention_state(encoder_out)
+        cache["cross_kv"] = cross_kv
+        cache["zeroed"] = zeroed
+        cache["self_kv"] = _new_buffer(cache, cross_kv, self_kv_shape(cross_kv, rows, INITIAL_CACHE_CAPACITY))
+        cache["self_kv_spare"] = None
+
+    def cross_attention_state(self, encoder_out: EncoderOut) -> tuple[Tensor, Tensor]:
+        """The cache's "cross_kv" and "cross_mask" for `encoder_out` (see the module docstring)."""
         layers = self.decoder.layers
         # project_kv gives (B, 2, H, S, Dh) per layer; stacked as (L, 2, B, H, S, Dh).
         cross_kv = torch.stack([layer.encoder_attn.project_kv(encoder_out.out).transpose(0, 1) for layer in layers])
-        L, _, _, H, _, Dh = cross_kv.shape
-        cache["length"] = 0
-        cache["cross_kv"] = cross_kv
         # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
-        cache["cross_mask"] = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
+        cross_mask = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
             allowed.logical_not(), float("-inf"))
-        cache["zeroed"] = zeroed
-        cache["self_kv"] = _new_buffer(cache, cross_kv, (rows, INITIAL_CACHE_CAPACITY, L, 2, H, Dh))
-        cache["self_kv_spare"] = None
+        return cross_kv, cross_mask
 
     @staticmethod
     def _ensure_capacity(cache: dict, needed: int) -> None:
@@ -345,6 +349,12 @@ class Transformer(nn.Module):
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
         """Keep sentences `index` (B',) of the encoder output, in that order."""
         return EncoderOut(out=encoder_out.out[index], padding_mask=encoder_out.padding_mask[index])
+
+
+def self_kv_shape(cross_kv: Tensor, rows: int, capacity: int) -> tuple[int, ...]:
+    """The shape of a "self_kv" buffer that goes with `cross_kv` (L, 2, B, H, S, Dh)."""
+    L, _, _, H, _, Dh = cross_kv.shape
+    return (rows, capacity, L, 2, H, Dh)
 
 
 def _new_buffer(cache: dict, like: Tensor, shape: tuple[int, ...]) -> Tensor:
