@@ -15,7 +15,7 @@ from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
-from nmt_cli.decode.fixed_search import FixedSearch, Workspace, _whole_step, generate_fixed, supports
+from nmt_cli.decode.fixed_search import FixedSearch, Workspace, _whole_step, batch_bucket, generate_fixed, supports
 from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.search import BeamState, generate
 from nmt_cli.errors import NmtError
@@ -251,3 +251,19 @@ def test_fixed_search_reuses_buffers_and_steps_for_batches_of_one_shape(monkeypa
     assert made_per_batch == [4, 4, 4]  # one step per buffer, for capacities 32 and 64, made once
     search.generate(source_batch([4, 5], SRC_V), 1024)  # another batch size: another workspace
     assert len(search.workspaces) == 2
+
+
+def test_fixed_search_pads_the_batch_with_sentences_that_end_at_once(monkeypatch) -> None:
+    assert [batch_bucket(b) for b in (1, 8, 9, 100, 128, 129)] == [1, 8, 10, 112, 128, 160]
+    model = eos_prone(tiny_model(17))
+    lengths = [7, 3, 5, 9, 2, 6, 4, 8, 5]  # 9 sentences: one padding sentence makes 10
+    src = source_batch(lengths, SRC_V)
+    cfg = DecodeConfig(beam=2, nbest=2, max_len_a=1.0, max_len_b=3)
+    calls = []
+    call = GraphedCall.__call__
+    monkeypatch.setattr(GraphedCall, "__call__", lambda self: calls.append(self) or call(self))
+    got = generate_fixed(GraphedTransformer(model, use_graphs=False), src, cfg, 1024)
+    want = generate(model, src, cfg, 1024)
+    assert len(got) == 9
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    assert len(calls) <= max(len(h.tokens) for s in got for h in s) + 1  # the padding did not run longer

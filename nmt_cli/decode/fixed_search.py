@@ -7,11 +7,13 @@ whole step is captured and replayed: per step the host launches one graph and as
 one step late, whether every sentence is done.
 
 A capture costs about as much as several eager steps, so the buffers and graphs of a
-batch shape are kept for the next batch of that shape (a `Workspace`): sources are
-padded to a multiple of SOURCE_BUCKET tokens so that batches of similar lengths share
-one. Each workspace keeps, per cache capacity (doubling from the model's first
-capacity), two self-attention buffers that alternate (the step gathers the reordered
-rows of one into the other, whole capacity) and the two graphs that read them.
+batch shape are kept for the next batch of that shape (a `Workspace`). So that batches
+of similar sizes share one, sources are padded to a multiple of SOURCE_BUCKET tokens,
+and batches to one of four sizes per power of two with sentences that end at once.
+Each workspace keeps, per cache capacity (doubling from the model's first capacity),
+two self-attention buffers that alternate (the step gathers the reordered rows of one
+into the other, whole capacity) and the two graphs that read them; its graphs share
+one memory pool, as they run one at a time and keep nothing.
 
 The semantics are `search.generate`'s (the same candidate, finishing and advancing
 functions run inside the step), for beam search and greedy decoding without sampling
@@ -19,7 +21,8 @@ or --no-repeat-ngram-size (`supports`). How differs, not what:
 * at step 0 the beams other than the first start at -inf instead of being skipped:
   the same candidates, as all beams are the same then;
 * finished sentences stay in the batch, masked, until every sentence is done;
-* the source is padded to the bucket (pads are masked, as in any padded batch).
+* the batch is padded (pads are masked, as in any padded batch; padding sentences
+  have a maximum length of 0 and are dropped from the results).
 """
 
 from __future__ import annotations
@@ -28,10 +31,9 @@ import dataclasses
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
@@ -73,6 +75,7 @@ class Workspace:
     cross_mask: Tensor
     self_kv: dict[int, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)  # capacity -> buffers
     steps: dict[tuple[int, int], GraphedCall] = dataclasses.field(default_factory=dict)  # (capacity, parity)
+    pool: Any = None  # the graphs' shared memory pool, made with the first graph
 
     def buffers(self, capacity: int) -> tuple[Tensor, Tensor]:
         """The two self-attention buffers of `capacity` (zeros at first: a step reads all of one)."""
@@ -105,7 +108,7 @@ class FixedSearch:
         src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
         max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
         L = max(max_len) + 2
-        src_tokens = F.pad(src_tokens, (0, -src_tokens.size(1) % SOURCE_BUCKET), value=PAD_ID)
+        src_tokens, max_len = _padded(src_tokens, max_len)
         ws = self._workspace(src_tokens, torch.tensor(max_len, device=src_tokens.device), L)
         pending: HostCopy | None = None  # the previous step's `done` flags, on their way to the host
         capacity = transformer_module.INITIAL_CACHE_CAPACITY
@@ -119,14 +122,17 @@ class FixedSearch:
             if (capacity, parity) not in ws.steps:
                 self_kv, spare = ws.buffers(capacity)[parity], ws.buffers(capacity)[1 - parity]
                 forward = _whole_step(model, ws, self_kv, spare, cfg)
-                ws.steps[capacity, parity] = GraphedCall(forward, src_tokens.device, self.decoder.use_graphs)
+                use_graph = self.decoder.use_graphs and src_tokens.is_cuda
+                if use_graph and ws.pool is None:
+                    ws.pool = torch.cuda.graph_pool_handle()
+                ws.steps[capacity, parity] = GraphedCall(forward, src_tokens.device, use_graph, ws.pool)
             call = ws.steps[capacity, parity]
             call()
             self.decoder.check(call)
             if pending is not None and bool(pending.get().all()):
                 break
             pending = HostCopy(ws.state.done)
-        return best_hypotheses(ws.state, cfg.nbest)
+        return best_hypotheses(ws.state, cfg.nbest)[:B]
 
     def _workspace(self, src_tokens: Tensor, max_len: Tensor, L: int) -> Workspace:
         """The workspace of this batch's shape, reset for it: a new batch's state, encoder
@@ -153,6 +159,23 @@ class FixedSearch:
         ws.cross_mask.copy_(cross_mask)
         ws.position.zero_()
         return ws
+
+
+def batch_bucket(size: int) -> int:
+    """`size` rounded up to one of four sizes per power of two (at most a quarter more)."""
+    step = 2 ** max(0, size.bit_length() - 3)
+    return -(-size // step) * step
+
+
+def _padded(src_tokens: Tensor, max_len: list[int]) -> tuple[Tensor, list[int]]:
+    """The batch padded to its bucket: sources to a multiple of SOURCE_BUCKET tokens, and
+    sentences (a lone `</s>` with a maximum length of 0: done after the first step)."""
+    B, S = src_tokens.shape
+    padded = torch.full((batch_bucket(B), S + (-S % SOURCE_BUCKET)), PAD_ID, dtype=src_tokens.dtype,
+                        device=src_tokens.device)
+    padded[:B, :S] = src_tokens
+    padded[B:, 0] = EOS_ID
+    return padded, max_len + [0] * (padded.size(0) - B)
 
 
 def generate_fixed(decoder: GraphedTransformer, src_tokens: Tensor, cfg: DecodeConfig,

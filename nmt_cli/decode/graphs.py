@@ -48,10 +48,13 @@ class GraphedCall:
     which `failure` then names) every call runs eagerly.
     """
 
-    def __init__(self, forward: Callable[[], Any], device: torch.device, use_graph: bool) -> None:
+    def __init__(self, forward: Callable[[], Any], device: torch.device, use_graph: bool, pool: Any = None) -> None:
         self.forward = forward
         self.device = device
         self.use_graph = use_graph
+        # A memory pool shared with other graphs that never run at the same time and
+        # return nothing (torch.cuda.graph_pool_handle()); None: a pool of its own.
+        self.pool = pool
         self.graph: Any = None  # torch.cuda.CUDAGraph once captured
         self.graph_output: Any = None
         self.failure: str | None = None
@@ -87,7 +90,7 @@ class GraphedCall:
         try:
             stream.synchronize()  # nothing pending on the stream when its capture begins
             graph = torch.cuda.CUDAGraph()
-            graph.capture_begin()
+            graph.capture_begin(pool=self.pool)
             try:
                 output = self.forward()
             finally:
