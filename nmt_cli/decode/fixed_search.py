@@ -216,7 +216,7 @@ def _adjust(lprobs: Tensor, position: Tensor, max_len: Tensor, K: int, cfg: Deco
     lprobs[:, PAD_ID] = -math.inf
     if cfg.unk_penalty:
         lprobs[:, UNK_ID] -= cfg.unk_penalty
-    at_max = max_len.le(position).repeat_interleave(K)  # (B*K,): only </s> is allowed
+    at_max = max_len.le(position).unsqueeze(1).expand(-1, K).reshape(-1)  # (B*K,): only </s> is allowed
     if cfg.min_len > 0:
         # Rows at their maximum length keep </s>: forcing it wins over min_len.
         lprobs[:, EOS_ID].masked_fill_(position.lt(cfg.min_len) & at_max.logical_not(), -math.inf)
