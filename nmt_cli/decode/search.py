@@ -10,7 +10,8 @@ the same hypotheses and scores:
   fewer than K finished hypotheses); the beam continues with the best K candidates
   that do not end in `</s>`.
 * A sentence is done when it has K finished hypotheses or reaches its maximum output
-  length, where `</s>` is forced. Finished sentences leave the batch.
+  length, where `</s>` is forced. Finished sentences leave the batch (masked until
+  then; see `generate` for when).
 * A finished hypothesis scores sum(log-probs, `</s>` included) / length_penalty(len),
   len counting `</s>`.
 
