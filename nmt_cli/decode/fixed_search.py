@@ -37,16 +37,20 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
-from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID
 from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, autocast_state
+from nmt_cli.decode.lenpen import length_penalty
 from nmt_cli.decode.search import (
     BeamState,
     HostCopy,
     Hypothesis,
     advance_beams,
+    beam_candidates,
     best_hypotheses,
     finish_hypotheses,
+    force_eos,
     max_output_lengths,
+    penalize,
 )
 from nmt_cli.errors import NmtError
 from nmt_cli.models import transformer as transformer_module
@@ -195,11 +199,10 @@ def _whole_step(model: Transformer, ws: Workspace, self_kv: Tensor, spare: Tenso
         last_tokens = state.tokens.index_select(1, position.view(1))  # (B*K, 1)
         lprobs = model.decode_step_static(last_tokens, position, self_kv, ws.cross_kv, ws.cross_mask)
         lprobs = _adjust(lprobs, position, state.max_len, K, cfg)
-        V = lprobs.size(1)
-        flat = (lprobs.view(B, K, V) + state.cum_scores.unsqueeze(2)).view(B, K * V)
-        scores, index = flat.topk(2 * K, dim=1)
-        cands = (scores, index % V, torch.div(index, V, rounding_mode="floor"))
-        finish_hypotheses(state, cands, lprobs, column, cfg)
+        # Never the first step's shortcut: beams 1.. start at -inf instead (see the module docstring).
+        cands = beam_candidates(lprobs.view(B, K, -1), state.cum_scores, first_step=False)
+        divisor = length_penalty(column.double(), cfg.lenpen, cfg.lenpen_style).float()  # (1,)
+        finish_hypotheses(state, cands, lprobs, column, divisor, cfg)
         state.done |= state.fin_count.ge(K) | state.max_len.le(position)
         rows = advance_beams(state, cands, lprobs, column, K)
         torch.index_select(self_kv, 0, rows, out=spare)
@@ -210,16 +213,9 @@ def _whole_step(model: Transformer, ws: Workspace, self_kv: Tensor, spare: Tenso
 
 def _adjust(lprobs: Tensor, position: Tensor, max_len: Tensor, K: int, cfg: DecodeConfig) -> Tensor:
     """search.adjust_lprobs without n-gram bans, with the step on the device."""
-    if cfg.temperature != 1.0:
-        lprobs = torch.log_softmax(lprobs / cfg.temperature, dim=-1)
-    torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf, out=lprobs)
-    lprobs[:, PAD_ID] = -math.inf
-    if cfg.unk_penalty:
-        lprobs[:, UNK_ID] -= cfg.unk_penalty
+    lprobs = penalize(lprobs, cfg)
     at_max = max_len.le(position).unsqueeze(1).expand(-1, K).reshape(-1)  # (B*K,): only </s> is allowed
     if cfg.min_len > 0:
         # Rows at their maximum length keep </s>: forcing it wins over min_len.
         lprobs[:, EOS_ID].masked_fill_(position.lt(cfg.min_len) & at_max.logical_not(), -math.inf)
-    not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-    not_eos[EOS_ID] = False
-    return lprobs.masked_fill_(at_max.unsqueeze(1) & not_eos, -math.inf)
+    return force_eos(lprobs, at_max)

@@ -155,13 +155,13 @@ class GraphedTransformer:
         """The fixed-shape step that reads the cache's current buffers (made on first use)."""
         buffers = (cache["self_kv"], cache["cross_kv"], cache["cross_mask"])
         steps: dict[tuple, _DecoderStep] = cache.setdefault("fixed_steps", {})
-        key = graph_key(steps, buffers)
+        key = _graph_key(steps, buffers)
         if key not in steps:
             steps[key] = _DecoderStep.make(self.model, *buffers, use_graph=self.use_graphs)
         return steps[key]
 
 
-def graph_key(calls: dict[tuple, Any], buffers: tuple[Tensor, ...]) -> tuple:
+def _graph_key(calls: dict[tuple, Any], buffers: tuple[Tensor, ...]) -> tuple:
     """What a captured call reads, as a key of `calls`: the buffers' addresses and shapes,
     and the autocast state. Calls for other shapes read buffers that are gone: they are
     dropped from `calls` (with their graphs) when a new shape comes."""

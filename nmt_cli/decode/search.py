@@ -86,23 +86,33 @@ def adjust_lprobs(lprobs: Tensor, generated: Tensor, step: int, at_max: Tensor |
     rows whose sentence reached its maximum length (only `</s>` is allowed there),
     None when no row has.
     """
-    if cfg.temperature != 1.0:
-        lprobs = torch.log_softmax(lprobs / cfg.temperature, dim=-1)
-    torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf, out=lprobs)
-    lprobs[:, PAD_ID] = -math.inf
-    if cfg.unk_penalty:
-        lprobs[:, UNK_ID] -= cfg.unk_penalty
+    lprobs = penalize(lprobs, cfg)
     if step < cfg.min_len:
         eos_column = lprobs[:, EOS_ID]
         # Rows at their maximum length keep </s>: forcing it wins over min_len.
         lprobs[:, EOS_ID] = eos_column.fill_(-math.inf) if at_max is None else eos_column.masked_fill(~at_max, -math.inf)
     if cfg.no_repeat_ngram_size > 0:
         block_repeated_ngrams(lprobs, generated, cfg.no_repeat_ngram_size)
-    if at_max is not None:
-        not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-        not_eos[EOS_ID] = False
-        lprobs.masked_fill_(at_max.unsqueeze(1) & not_eos.unsqueeze(0), -math.inf)
+    return lprobs if at_max is None else force_eos(lprobs, at_max)
+
+
+def penalize(lprobs: Tensor, cfg: DecodeConfig) -> Tensor:
+    """The adjustments that do not depend on the step (in place where possible):
+    temperature, NaN guard, no `<pad>`, the `<unk>` penalty."""
+    if cfg.temperature != 1.0:
+        lprobs = torch.log_softmax(lprobs / cfg.temperature, dim=-1)
+    torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf, out=lprobs)
+    lprobs[:, PAD_ID] = -math.inf
+    if cfg.unk_penalty:
+        lprobs[:, UNK_ID] -= cfg.unk_penalty
     return lprobs
+
+
+def force_eos(lprobs: Tensor, at_max: Tensor) -> Tensor:
+    """Only `</s>` stays allowed in the rows marked by at_max (N,) (in place)."""
+    not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
+    not_eos[EOS_ID] = False
+    return lprobs.masked_fill_(at_max.unsqueeze(1) & not_eos.unsqueeze(0), -math.inf)
 
 
 def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
@@ -120,13 +130,13 @@ def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
     lprobs.masked_fill_(mask[:, :V], -math.inf)
 
 
-def beam_candidates(lprobs: Tensor, cum_scores: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+def beam_candidates(lprobs: Tensor, cum_scores: Tensor, first_step: bool) -> tuple[Tensor, Tensor, Tensor]:
     """The best 2K (summed score, token, beam) candidates per sentence, best first.
 
     lprobs (B, K, V), cum_scores (B, K). Returns three (B, C) tensors.
     """
     B, K, V = lprobs.shape
-    if step == 0:
+    if first_step:
         flat = lprobs[:, 0, :]  # (B, V): all beams are the same at step 0
     else:
         flat = (lprobs + cum_scores.unsqueeze(2)).view(B, K * V)
@@ -180,12 +190,13 @@ class BeamState:
 
 
 def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lprobs: Tensor, column: Tensor,
-                      cfg: DecodeConfig) -> None:
+                      divisor: float | Tensor, cfg: DecodeConfig) -> None:
     """Store the `</s>` candidates among the first K as finished hypotheses (in place).
 
     `column` (1,) long, on the device: step + 1, where this step's tokens go (a tensor,
-    so that nothing here depends on the step on the host). Sentences already done are
-    left alone, and so are their finished hypotheses.
+    so that nothing here depends on the step on the host). `divisor`: the length
+    penalty of step + 1 tokens, a number or a (1,) float32 tensor (the same quotient).
+    Sentences already done are left alone, and so are their finished hypotheses.
     """
     scores, tokens, beams = (c[:, : cfg.beam] for c in cands)  # (B, K) each
     B, K = scores.shape
@@ -200,7 +211,6 @@ def finish_hypotheses(state: BeamState, cands: tuple[Tensor, Tensor, Tensor], lp
     slot_rows = slot.unsqueeze(2).expand(B, K, L)
     state.fin_tokens.scatter_(1, slot_rows, hyp_tokens)
     state.fin_lprobs.scatter_(1, slot_rows, hyp_lprobs)
-    divisor = length_penalty(column.double(), cfg.lenpen, cfg.lenpen_style).float()  # (1,)
     state.fin_scores.scatter_(1, slot, scores / divisor)
     state.fin_len.scatter_(1, slot, column.expand(B, K))
     state.fin_count += slot.lt(K).sum(dim=1)
@@ -278,8 +288,8 @@ def generate(
         if cfg.sampling:
             cands = sample_candidates(lprobs3, state.cum_scores, step, cfg.sampling_topk, cfg.sampling_topp, generator)
         else:
-            cands = beam_candidates(lprobs3, state.cum_scores, step)
-        finish_hypotheses(state, cands, lprobs, column, cfg)
+            cands = beam_candidates(lprobs3, state.cum_scores, first_step=step == 0)
+        finish_hypotheses(state, cands, lprobs, column, length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style), cfg)
         state.done |= state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
         rows = advance_beams(state, cands, lprobs, column, K)
         column += 1
