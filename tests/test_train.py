@@ -32,7 +32,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import resolve_config
 from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.distributed import DistInfo
-from nmt_cli.train.progress import parse_duration
+from nmt_cli.train.progress import MetricsLog, parse_duration
 from nmt_cli.train.saving import files_to_prune
 from nmt_cli.train.step import build_engine, train_update
 from nmt_cli.train.window import Window
@@ -373,6 +373,32 @@ def test_parsers_and_retention() -> None:
     assert sorted(files_to_prune(names, keep_last_epochs=2, keep_interval_updates=1)) == [
         "checkpoint1.pt", "checkpoint_1_5.pt", "checkpoint_2_10.pt"]
     assert files_to_prune(names, -1, -1) == []
+
+
+def test_metrics_log_resumes_at_the_checkpoints_record(tmp_path: Path) -> None:
+    path = tmp_path / "train_log.jsonl"
+    path.write_text("".join(f'{{"update": {i}}}\n' for i in range(5)) + '{"upd')  # killed mid-append
+    log = MetricsLog(path, enabled=True, keep_records=3)
+    assert path.read_text().splitlines() == ['{"update": 0}', '{"update": 1}', '{"update": 2}']
+    assert log.missing_records == 0
+    assert MetricsLog(path, enabled=True, keep_records=4).missing_records == 1
+    assert path.read_text().count("\n") == 3
+
+
+def test_metrics_log_killed_while_cutting_keeps_every_record(tmp_path: Path, monkeypatch) -> None:
+    # A kill between opening the file for writing and writing it once emptied the log.
+    path = tmp_path / "train_log.jsonl"
+    text = "".join(f'{{"update": {i}}}\n' for i in range(5))
+    path.write_text(text)
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("nmt_cli.staging.os.replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        MetricsLog(path, enabled=True, keep_records=3)
+    assert path.read_text() == text
+    assert [p.name for p in tmp_path.iterdir()] == ["train_log.jsonl"]
 
 
 def test_help_documents_every_option() -> None:

@@ -14,12 +14,17 @@ from typing import Any
 from rich.console import Console
 
 from nmt_cli.errors import NmtError
+from nmt_cli.staging import replace_atomically
 
 LOG_NAME = "train_log.jsonl"
 
 
 class MetricsLog:
-    """`train_log.jsonl`, cut back to its first `keep_records` lines when resuming."""
+    """`train_log.jsonl`, cut back to its first `keep_records` lines when resuming.
+
+    The cut replaces the file atomically: a run killed while resuming must not lose the
+    records of the updates its checkpoint holds.
+    """
 
     def __init__(self, path: Path, enabled: bool, keep_records: int) -> None:
         self.path = path
@@ -28,10 +33,12 @@ class MetricsLog:
         if enabled:
             lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
             self.missing_records = max(0, keep_records - len(lines))
-            try:
-                path.write_text("".join(lines[:keep_records]), encoding="utf-8")
-            except OSError as error:
-                raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+            if len(lines) > keep_records:
+                kept = "".join(lines[:keep_records])
+                try:
+                    replace_atomically(path, lambda tmp: tmp.write_text(kept, encoding="utf-8"))
+                except OSError as error:
+                    raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
