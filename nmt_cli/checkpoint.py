@@ -32,33 +32,11 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        replace_atomically(path, partial(_save_synced, state))
+        replace_atomically(path, partial(torch.save, state))
     except (OSError, RuntimeError) as error:
         # torch reports some write failures (inside its zip writer) as RuntimeError.
         reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
         raise NmtError(f"cannot write checkpoint {path}: {reason}") from None
-    _fsync_directory(path.parent)
-
-
-def _save_synced(state: dict[str, Any], tmp: Path) -> None:
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename durable; some platforms cannot open directories, which is fine."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _first_line(error: BaseException) -> str:

@@ -74,15 +74,43 @@ def remove_dead_leftovers(dest: Path) -> None:
 
 def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
     """`write` a temporary file beside `target`, then rename it over `target`: a process
-    killed at any moment leaves the old file (or none), never part of the new one."""
+    killed at any moment leaves the old file (or none), never part of the new one.
+
+    The data reach the disk before the rename, and the rename before returning, so that
+    a machine that crashes afterwards, too, finds the old file or the whole new one.
+    """
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         remove_stale_temp_files(target)
         write(tmp)
+        fsync_path(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    fsync_directory(target.parent)
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename durable; some platforms and file systems cannot sync a directory, which is fine."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def remove_stale_temp_files(path: Path) -> None:

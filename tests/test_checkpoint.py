@@ -26,6 +26,7 @@ from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model, count_parameters, resolve_config
 from nmt_cli.staging import replace_atomically
+from nmt_cli.train.saving import write_checkpoints
 
 SRC_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"s{i}" for i in range(20)]
 TGT_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(28)]
@@ -294,3 +295,27 @@ def test_run_directory_files_are_replaced_whole(tmp_path: Path, monkeypatch: pyt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["meta.json", "source.json"]
     replace_atomically(target, lambda tmp: shutil.copyfile(source, tmp))
     assert target.read_text() == source.read_text()
+
+
+def test_replaced_files_reach_the_disk_before_and_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine crash must find the old file or the whole new one: the new file's data
+    are synced before the rename, and the directory (the rename) before returning."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}") if os.path.exists("/proc/self/fd") else fd))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append(("replace", str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr("nmt_cli.staging.os.fsync", fsync)
+    monkeypatch.setattr("nmt_cli.staging.os.replace", replace)
+    # The first name is serialised, the others (the one a resumed run reads) are copies.
+    write_checkpoints(make_state(), tmp_path, ["checkpoint_1_5.pt", "checkpoint_last.pt"])
+    assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"] * 2
+    if os.path.exists("/proc/self/fd"):
+        assert [name for _, name in events[3:]] == [
+            str(tmp_path / f".checkpoint_last.pt.{os.getpid()}.tmp"), str(tmp_path / "checkpoint_last.pt"), str(tmp_path)]
