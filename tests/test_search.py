@@ -18,7 +18,7 @@ import torch
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
-from nmt_cli.decode.search import generate
+from nmt_cli.decode.search import beam_candidates, generate
 from nmt_cli.errors import NmtError
 
 INF = math.inf
@@ -179,6 +179,27 @@ def test_unk_penalty():
     assert plain[0].tokens == [UNK_ID, EOS_ID]
     (penalized,) = decode(ScriptedDecoder(table), src(0), beam=1, nbest=1, unk_penalty=1.0)
     assert penalized[0].tokens == [A, EOS_ID]
+
+
+@pytest.mark.parametrize("K, vocab", [(1, 9), (4, 50), (5, 7), (3, 2)])
+def test_beam_candidates_equal_a_top_k_over_all_beams(K, vocab):
+    """Cutting each beam to its own best 2K first must give the best 2K of all K*V sums."""
+    gen = torch.Generator().manual_seed(K * 100 + vocab)
+    B = 6
+    lprobs = torch.randn(B, K, vocab, generator=gen, dtype=torch.float64).log_softmax(dim=-1)
+    lprobs[0, :, 1:] = -INF  # a sentence forced to one token
+    cum = torch.randn(B, K, generator=gen, dtype=torch.float64)
+    cum[1, 1:] = -INF  # dead beams
+    C = min(2 * K, K * vocab)
+    for first_step in (False, True):
+        scores, tokens, beams = beam_candidates(lprobs, cum, first_step)
+        summed = lprobs[:, :1] if first_step else lprobs + cum.unsqueeze(2)
+        flat = summed.reshape(B, -1)
+        expected = flat.topk(min(C, flat.size(1)), dim=1).values
+        assert torch.equal(scores, expected)
+        finite = scores.isfinite()
+        got = summed[torch.arange(B).unsqueeze(1).expand_as(tokens), beams, tokens]
+        assert torch.equal(got[finite], scores[finite])  # each candidate is the sum it claims
 
 
 # --- an independent, plain per-sentence reference of fairseq's beam search ----------

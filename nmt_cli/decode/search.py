@@ -134,14 +134,18 @@ def beam_candidates(lprobs: Tensor, cum_scores: Tensor, first_step: bool) -> tup
     """The best 2K (summed score, token, beam) candidates per sentence, best first.
 
     lprobs (B, K, V), cum_scores (B, K). Returns three (B, C) tensors.
+    A sentence's best 2K candidates are among its beams' own best 2K tokens, so each
+    beam is cut to those before its score is added: no (B, K, V) sum is written.
     """
     B, K, V = lprobs.shape
-    if first_step:
-        flat = lprobs[:, 0, :]  # (B, V): all beams are the same at step 0
-    else:
-        flat = (lprobs + cum_scores.unsqueeze(2)).view(B, K * V)
-    scores, index = flat.topk(min(2 * K, flat.size(1)), dim=1)
-    return scores, index % V, torch.div(index, V, rounding_mode="floor")
+    per_beam = min(2 * K, V)
+    if first_step:  # all beams are the same at step 0
+        scores, tokens = lprobs[:, 0, :].topk(per_beam, dim=1)
+        return scores, tokens, torch.zeros_like(tokens)
+    beam_best, beam_tokens = lprobs.topk(per_beam, dim=2)  # (B, K, per_beam)
+    summed = (beam_best + cum_scores.unsqueeze(2)).view(B, K * per_beam)
+    scores, index = summed.topk(min(2 * K, K * per_beam), dim=1)
+    return scores, beam_tokens.view(B, -1).gather(1, index), torch.div(index, per_beam, rounding_mode="floor")
 
 
 @dataclass
