@@ -11,6 +11,7 @@ Integer and bool buffers come from the newest checkpoint. Training state
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,7 +151,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
 def average(cfg: AverageConfig) -> list[Path]:
     """Average the checkpoints that `cfg` selects and write the result to `cfg.output`; return the inputs."""
     paths = select_checkpoints(cfg)
-    if Path(cfg.output).resolve() in {p.resolve() for p in paths}:
+    # realpath, unlike Path.resolve, does not raise on a loop of links (loading says so).
+    if os.path.realpath(cfg.output) in {os.path.realpath(p) for p in paths}:
         raise NmtError(f"--output {cfg.output} is one of the checkpoints to average; write the average to a new file")
     save_checkpoint(average_checkpoints(paths), cfg.output)
     return paths

@@ -32,8 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
 }
 
-# OS errors that report the state of the machine (disk full, read-only, no permission).
-ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM})
+# OS errors that report the state of the machine (disk full, read-only, no permission)
+# or a path given that cannot name a file (too long, a loop of links, a file as a directory).
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM,
+                                errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR})
 
 
 class LazyGroup(click.Group):
@@ -67,7 +69,7 @@ class LazyGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(0)
         except OSError as error:
-            # A full or read-only disk is the machine's state, not a bug: one line, no traceback.
+            # The machine's state or the user's path, not a bug: one line, no traceback.
             if error.errno not in ENVIRONMENT_ERRNOS:
                 raise
             location = f": {error.filename}" if error.filename else ""

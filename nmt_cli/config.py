@@ -6,11 +6,28 @@ Each validates itself in `__post_init__` and raises `NmtError` on bad values.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
+
+# numpy's random generators take seeds in [0, 2**32).
+MAX_SEED = 2**32 - 1
+
+
+def check_finite_numbers(config: Any) -> None:
+    """Raise on a float field that is nan or inf: it would reach the model as silent NaNs."""
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise NmtError(f"--{field.name.replace('_', '-')} must be a finite number (got {value})")
+
+
+def check_seed(seed: int, flag: str = "--seed", smallest: int = 0) -> None:
+    if not smallest <= seed <= MAX_SEED:
+        raise NmtError(f"{flag} must be between {smallest} and {MAX_SEED} (got {seed})")
 
 
 @dataclass(frozen=True)
@@ -40,6 +57,7 @@ class ModelConfig:
     scale_embedding: bool = True
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         for side in ("encoder", "decoder"):
             dim = getattr(self, f"{side}_embed_dim")
             heads = getattr(self, f"{side}_attention_heads")
@@ -47,6 +65,9 @@ class ModelConfig:
                 raise NmtError(f"{side} sizes must be positive")
             if dim % heads != 0:
                 raise NmtError(f"--{side}-embed-dim {dim} is not divisible by --{side}-attention-heads {heads}")
+        for name in ("max_source_positions", "max_target_positions"):
+            if getattr(self, name) < 1:
+                raise NmtError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise NmtError(f"--{name.replace('_', '-')} must be in [0, 1)")
@@ -111,6 +132,7 @@ class DecodeConfig:
     seed: int = 1
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         if self.beam < 1:
             raise NmtError(f"--beam must be >= 1 (got {self.beam})")
         if not 1 <= self.nbest <= self.beam:
@@ -133,6 +155,7 @@ class DecodeConfig:
             raise NmtError("--sampling-topp must be in (0, 1] (or -1: off)")
         if (self.sampling_topk > 0 or self.sampling_topp > 0) and not self.sampling:
             raise NmtError("--sampling-topk/--sampling-topp need --sampling")
+        check_seed(self.seed)
 
 
 INPUT_FORMATS = ("raw", "bpe", "ids")
@@ -162,6 +185,7 @@ class TranslateConfig:
     quiet: bool = False
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         if not self.checkpoints or any(not p for p in self.checkpoints):
             raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
         for name, value, allowed in (
@@ -225,6 +249,7 @@ class PreprocessConfig:
     force: bool = False
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         for flag, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
             if not lang or any(c in lang for c in "/\\. "):
                 raise NmtError(f"{flag} must be a plain language code like 'en' (got {lang!r})")
@@ -240,6 +265,7 @@ class PreprocessConfig:
             raise NmtError(f"--bpe-size must be >= 2 (got {self.bpe_size})")
         if self.bpe_sample < 0:
             raise NmtError(f"--bpe-sample must be >= 0 (0: all sentences; got {self.bpe_sample})")
+        check_seed(self.bpe_seed, "--bpe-seed")
         if self.min_len < 1 or self.max_len < self.min_len:
             raise NmtError(f"need 1 <= --min-len <= --max-len (got {self.min_len}, {self.max_len})")
         if self.max_ratio < 1.0:
@@ -287,6 +313,7 @@ class ScoreConfig:
     seed: int = 12345
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         if not self.refs:
             raise NmtError("--ref is required (repeat it for several references)")
         if "-" in self.refs:
@@ -314,8 +341,7 @@ class ScoreConfig:
         if self.paired_bs_n < 1:
             raise NmtError(f"--paired-bs-n must be >= 1 (got {self.paired_bs_n})")
         # sacreBLEU treats seed 0 as "no seed" (a different result every run).
-        if self.seed < 1:
-            raise NmtError(f"--seed must be >= 1 (got {self.seed})")
+        check_seed(self.seed, smallest=1)
 
 
 # --- checkpoint averaging (nmt average) -------------------------------------------------
@@ -336,6 +362,7 @@ class AverageConfig:
         return self.num_update_checkpoints or self.num_epoch_checkpoints
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         if not self.inputs:
             raise NmtError("--inputs needs checkpoint files or one run directory")
         if not self.output:
@@ -414,6 +441,7 @@ class TrainConfig:
     log_interval: int = 100
 
     def __post_init__(self) -> None:
+        check_finite_numbers(self)
         if self.max_tokens is None and self.batch_size is None:
             raise NmtError("set --max-tokens or --batch-size (or both)")
         positive = ("max_tokens", "batch_size", "required_batch_size_multiple", "update_freq", "log_interval")
@@ -448,6 +476,7 @@ class TrainConfig:
             raise NmtError(f"--best-checkpoint-metric must be one of {', '.join(BEST_CHECKPOINT_METRICS)}")
         if not (self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda")):
             raise NmtError(f"--device must be auto, cpu or cuda[:N] (got {self.device!r})")
+        check_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

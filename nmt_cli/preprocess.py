@@ -27,7 +27,7 @@ from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import check_destination, create_staging, publish
-from nmt_cli.text.bpe import learn_bpe
+from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.clean import CleanSettings
 from nmt_cli.text.progress import StageReporter
 from nmt_cli.text.reader import count_lines, read_lines
@@ -75,7 +75,23 @@ def count_pairs(cfg: PreprocessConfig, splits: list[Split]) -> dict[str, int]:
     for path in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model):
         if path is not None and not path.is_file():
             raise NmtError(f"file not found: {path}")
+    if cfg.bpe_model is not None:
+        BpeModel(cfg.bpe_model)  # a bad model is named as given, not as its copy in the staging directory
     return counts
+
+
+def check_inputs_outside_destdir(cfg: PreprocessConfig, splits: list[Split]) -> None:
+    """Refuse input text inside --destdir: the finished output replaces that directory as a whole."""
+    dest = cfg.destdir.resolve()
+    for split in splits:
+        for lang in (cfg.source_lang, cfg.target_lang):
+            path = input_path(split.prefix, lang)
+            # Both where the name lies and, for a symlink, where its data lie.
+            if any(place.is_relative_to(dest) for place in (path.parent.resolve() / path.name, path.resolve())):
+                raise NmtError(
+                    f"input file {path} is inside --destdir {cfg.destdir}, which the output replaces "
+                    "(deleting the input); move the input or choose another --destdir"
+                )
 
 
 def fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
@@ -90,6 +106,7 @@ def fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
 
 def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
     splits = plan_splits(cfg)
+    check_inputs_outside_destdir(cfg, splits)
     line_counts = count_pairs(cfg, splits)
     print_id = fingerprint(cfg, splits)
     if check_destination(cfg.destdir, print_id, cfg.force):

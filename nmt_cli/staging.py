@@ -79,6 +79,9 @@ def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
     The data reach the disk before the rename, and the rename before returning, so that
     a machine that crashes afterwards, too, finds the old file or the whole new one.
     """
+    if target.exists() and not target.is_file():
+        # A rename would swap a device or a directory for our file (`-o /dev/null` as root).
+        raise NmtError(f"{target} exists and is not a regular file; refusing to replace it")
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         remove_stale_temp_files(target)

@@ -11,7 +11,9 @@ translate) have a documented repair instead, checked below the table: `translate
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +27,9 @@ from fault_utils import assert_clean_exit, assert_one_error, tiny_checkpoint_sta
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import main
-from nmt_cli.data.dictionary import Dictionary
+from nmt_cli.commands.outputs import refuse_overwriting_input
+from nmt_cli.data.dictionary import SPECIALS, Dictionary
+from nmt_cli.errors import NmtError
 
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
         "--device", "cpu", "--max-update", "1"]
@@ -141,6 +145,24 @@ def wider_weights(ws: Workspace) -> dict:
     return tiny_checkpoint_state(ws.data_bin, overrides={"encoder_ffn_embed_dim": 128})["model"]
 
 
+def separate_dictionaries(ws: Workspace) -> Path:
+    """A data-bin whose target dictionary has the source's size but other symbols."""
+    copy = ws.data_bin_copy()
+    source = Dictionary.load(copy / "dict.src.txt")
+    Dictionary([f"x{symbol}" for symbol in source.symbols[len(SPECIALS):]]).save(copy / "dict.tgt.txt")
+    return copy
+
+
+def fifo(ws: Workspace, name: str) -> Path:
+    os.mkfifo(ws.root / name)
+    return ws.root / name
+
+
+def link_loop(ws: Workspace, name: str) -> Path:
+    (ws.root / name).symlink_to(name)
+    return ws.root / name
+
+
 def translate(ws: Workspace, path: Path, *extra) -> list:
     return ["translate", "--path", path, "--device", "cpu", "--beam", "1", "--max-len-b", "3", *extra]
 
@@ -170,6 +192,11 @@ CASES = [
          "--input", ws.file("in.txt", "w1\n"), "--output-prefix", ws.root / "o"], ("bad dictionary line", "d.txt:2")),
     Case("binarize", "a checkpoint as dictionary", lambda ws: ["binarize", "--dict", ws.checkpoint,
          "--input", ws.file("in.txt", "w1\n"), "--output-prefix", ws.root / "o"], ("checkpoint_best.pt",)),
+    # learn-bpe
+    Case("learn-bpe", "invalid UTF-8", lambda ws: ["learn-bpe", "--input", ws.file("in.txt", b"w1 w2\nw3 \xff\n"),
+         "--vocab-size", "10", "--model-prefix", ws.root / "m"], ("invalid UTF-8", "in.txt:2")),
+    Case("learn-bpe", "--seed -1", lambda ws: ["learn-bpe", "--input", ws.file("in.txt", "w1 w2\n"), "--vocab-size", "10",
+         "--model-prefix", ws.root / "m", "--seed", "-1"], ("--seed must be between 0 and",)),
     # apply-bpe
     Case("apply-bpe", "text file as model", lambda ws: ["apply-bpe", "--model", ws.file("m.model", "not a model\n"),
          "--input", ws.file("in.txt", "w1\n")], ("not a sentencepiece model", "m.model")),
@@ -179,6 +206,10 @@ CASES = [
          ("invalid UTF-8", "<stdin>:3"), stdin=b"w1\nw2\n\xff\n"),
     Case("apply-bpe", "NUL byte", lambda ws: ["apply-bpe", "--model", ws.bpe_model(), "--input",
          ws.file("in.txt", "w1\x00\n")], ("NUL byte", "in.txt:1")),
+    Case("apply-bpe", "output is the input file", lambda ws: ["apply-bpe", "--model", ws.bpe_model(), "--input",
+         ws.file("in.txt", "w1\n"), "--output", ws.root / "in.txt"], ("is the input", "in.txt")),
+    Case("apply-bpe", "full disk", lambda ws: ["apply-bpe", "--model", ws.bpe_model(), "--output", "/dev/full"],
+         ("cannot write /dev/full", "No space left on device"), stdin=b"w1 w2\n" * 5000),
     # train
     Case("train", "truncated .bin", lambda ws: train(ws, (lambda d: truncate(d / "train.src-tgt.src.bin", 100) and d)(
         ws.data_bin_copy())), ("truncated or corrupt", "train.src-tgt.src.bin")),
@@ -201,6 +232,15 @@ CASES = [
         ws, {"model_config": {"encoder_layers": 2, "use_magic": True}}), ("checkpoint_last.pt", "use_magic")),
     Case("train", "finetune from a text file", lambda ws: train(ws, ws.data_bin, "--finetune-from",
          ws.file("notes.pt", "some notes\n")), ("not a readable nmt checkpoint", "notes.pt")),
+    Case("train", "--lr nan", lambda ws: train(ws, ws.data_bin, "--lr", "nan"), ("--lr must be a finite number",)),
+    Case("train", "--adam-eps nan", lambda ws: train(ws, ws.data_bin, "--adam-eps", "nan"), ("--adam-eps",)),
+    Case("train", "--max-time nan", lambda ws: train(ws, ws.data_bin, "--max-time", "nan"), ("--max-time",)),
+    Case("train", "--seed -1", lambda ws: train(ws, ws.data_bin, "--seed", "-1"), ("--seed must be between 0 and",)),
+    Case("train", "--seed 2**64", lambda ws: train(ws, ws.data_bin, "--seed", str(2**64)), ("--seed must be between 0 and",)),
+    Case("train", "--max-target-positions -1", lambda ws: train(ws, ws.data_bin, "--max-target-positions", "-1"),
+         ("--max-target-positions must be >= 1",)),
+    Case("train", "--share-all-embeddings on separate dictionaries", lambda ws: train(
+        ws, separate_dictionaries(ws), "--share-all-embeddings"), ("--share-all-embeddings needs one joined dictionary",)),
     # translate
     Case("translate", "text file as checkpoint", lambda ws: translate(ws, ws.file("notes.txt", "hello\n")),
          ("not a readable nmt checkpoint", "notes.txt"), stdin=b"w1\n"),
@@ -226,11 +266,26 @@ CASES = [
          ("--cuda-graphs needs --device cuda",), stdin=b"w1\n"),
     Case("translate", "ids of another dictionary", lambda ws: translate(ws, ws.checkpoint, "--input-format", "ids"),
          ("<stdin>:2", "outside the source dictionary"), stdin=b"4 5\n4 100000000000000000000\n"),
+    Case("translate", "output is the input file", lambda ws: translate(ws, ws.checkpoint, "-i", ws.file("in.txt", "w1\n"),
+         "-o", ws.root / "." / "in.txt"), ("is the input", "in.txt")),
+    Case("translate", "output is a link to the input file", lambda ws: translate(
+        ws, ws.checkpoint, "-i", ws.file("in.txt", "w1\n"), "-o", (ws.root / "out.txt").symlink_to("in.txt") or ws.root / "out.txt"),
+         ("is the input", "in.txt")),
+    Case("translate", "full disk", lambda ws: translate(ws, ws.checkpoint, "-o", "/dev/full"),
+         ("cannot write /dev/full", "No space left on device"), stdin=b"w1\n" * 3000),
+    Case("translate", "--max-len-a nan", lambda ws: translate(ws, ws.checkpoint, "--max-len-a", "nan"),
+         ("--max-len-a must be a finite number",), stdin=b"w1\n"),
+    Case("translate", "--unk-penalty -inf", lambda ws: translate(ws, ws.checkpoint, "--unk-penalty", "-inf"),
+         ("--unk-penalty must be a finite number",), stdin=b"w1\n"),
+    Case("translate", "a checkpoint name too long for the file system", lambda ws: translate(ws, "x" * 300 + ".pt"),
+         ("File name too long",), stdin=b"w1\n"),
     # score
     Case("score", "NUL bytes in the hypotheses", lambda ws: score(ws, b"a b\nc d\n", b"a b\nc \x00 d\n"),
          ("hyp.txt:2",)),
     Case("score", "invalid UTF-8 in the reference", lambda ws: score(ws, b"a b\n\xc0\xaf\n", b"a b\nc d\n"),
          ("invalid UTF-8", "ref.txt:2")),
+    Case("score", "a --tokenize that needs packages not installed", lambda ws: score(ws, b"a\n", b"a\n") + [
+        "--tokenize", "ko-mecab"], ("--tokenize ko-mecab is not available",)),
     Case("score", "reference is a directory", lambda ws: ["score", "--ref", ws.root, "--hyp", ws.file("h.txt", "a\n")],
          ("not a regular file",)),
     # average
@@ -240,6 +295,10 @@ CASES = [
          ws.checkpoint_with("other.pt", model=wider_weights(ws)), "--output", ws.root / "avg.pt"], ("other.pt",)),
     Case("average", "a checkpoint that is a plain list", lambda ws: ["average", "--inputs", (lambda p: torch.save(
         [1, 2], p) or p)(ws.root / "list.pt"), "--output", ws.root / "avg.pt"], ("no format_version", "list.pt")),
+    Case("average", "output is not a regular file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint,
+         "--output", fifo(ws, "fifo.pt")], ("fifo.pt", "not a regular file")),
+    Case("average", "a loop of links as input", lambda ws: ["average", "--inputs", link_loop(ws, "loop.pt"), ws.checkpoint,
+         "--output", ws.root / "avg.pt"], ("loop.pt",)),
     # info
     Case("info", "truncated checkpoint", lambda ws: ["info", "--path", truncate(ws.run_copy() / "checkpoint_best.pt", 500)],
          ("truncated or corrupt", "checkpoint_best.pt")),
@@ -272,8 +331,8 @@ def test_bad_input_gets_one_error_line(case: Case, shared, tmp_path):
 
 
 def test_every_command_is_in_the_battery():
-    assert {c.command for c in CASES} == {"preprocess", "binarize", "apply-bpe", "train", "translate", "score",
-                                          "average", "info"}
+    assert {c.command for c in CASES} == {"preprocess", "binarize", "learn-bpe", "apply-bpe", "train", "translate",
+                                          "score", "average", "info"}
 
 
 # --- documented repairs: odd but valid input -----------------------------------------------------
@@ -358,3 +417,18 @@ def test_preprocess_takes_huge_lines_mixed_scripts_and_combining_characters(tmp_
     # 10^5-character line is kept (training skips pairs beyond the model's positions).
     assert meta["counts"]["train"]["sentences"] == 60 - 1
     assert "kept 59 of 60 pairs" in result.stdout
+
+
+def test_output_may_not_be_the_file_on_standard_input(tmp_path, monkeypatch):
+    """`nmt translate -o in.txt < in.txt` would empty in.txt before reading it."""
+    source = tmp_path / "in.txt"
+    source.write_text("w1\n")
+    with open(source, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(NmtError, match=r"in.txt is the input \(standard input\)"):
+            refuse_overwriting_input(source, "-")
+        refuse_overwriting_input(tmp_path / "out.txt", "-")  # a new file is fine
+        (tmp_path / "other.txt").write_text("")
+        refuse_overwriting_input(tmp_path / "other.txt", "-")  # and so is another file
+    refuse_overwriting_input("/dev/null", "/dev/null")  # not a regular file: nothing to destroy
+    assert source.read_text() == "w1\n"

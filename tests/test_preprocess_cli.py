@@ -178,6 +178,74 @@ def test_learn_apply_bpe_and_binarize_commands(tmp_path: Path) -> None:
     assert_one_error(bad, "<stdin>:2")
 
 
+@pytest.mark.parametrize("bad_line", [b"bad \xff\xfe bytes here", b"nul \x00 here"])
+def test_learn_bpe_bad_input_is_our_one_error_line(raw: Path, bad_line: bytes) -> None:
+    # The error is raised inside the iterator sentencepiece consumes; sentencepiece must not wrap it.
+    bad = raw / "bad.en"
+    bad.write_bytes("".join(l + "\n" for l in sentences(50, 1)).encode() + bad_line + b"\n")
+    result = nmt("learn-bpe", "--input", bad, "--vocab-size", 100, "--model-prefix", raw / "out" / "m")
+    assert_one_error(result, f"{bad}:51")
+    assert "sentencepiece" not in result.stderr and not (raw / "out" / "m.model").exists()
+    from_stdin = CliRunner().invoke(main, ["learn-bpe", "--input", "-", "--vocab-size", "100", "--model-prefix",
+                                           str(raw / "out" / "m")], input=bad.read_bytes())
+    assert_one_error(from_stdin, "<stdin>:51")
+    (raw / "train.en").write_bytes(bad.read_bytes() + (raw / "train.en").read_bytes().split(b"\n", 51)[51])
+    assert_one_error(nmt(*preprocess_args(raw)), "train.en:51")
+
+
+def test_learn_bpe_options_and_stdin(tmp_path: Path) -> None:
+    text = write(tmp_path / "tok.txt", sentences(200, 4))
+    prefix = tmp_path / "m"
+    assert_one_error(nmt("learn-bpe", "--input", text, "--vocab-size", 120, "--model-prefix", prefix, "--sample", -1),
+                     "--sample must be >= 0 (0: all sentences; got -1)")
+    runner = CliRunner()
+    args = ["learn-bpe", "--vocab-size", "120", "--model-prefix", str(prefix)]
+    assert_one_error(runner.invoke(main, [*args, "--input", "-", "--input", "-"], input=b""), "only once")
+    assert_one_error(runner.invoke(main, [*args, "--input", "-"], input=b"\n\n"), "no text to learn BPE from")
+    result = runner.invoke(main, [*args, "--input", "-"], input=text.read_bytes())
+    assert result.exit_code == 0 and "(120 pieces)" in result.stdout, result.output
+    from_stdin = (tmp_path / "m.model").read_bytes()
+    assert nmt(*args, "--input", text).exit_code == 0
+    assert (tmp_path / "m.model").read_bytes() == from_stdin
+
+
+def test_bad_bpe_model_is_named_as_given(raw: Path) -> None:
+    junk = write(raw / "afile", ["not a model"])
+    result = nmt(*preprocess_args(raw, "data-bin", "--bpe-model", junk))
+    assert_one_error(result, f"not a sentencepiece model: {junk}")
+    assert ".partial" not in result.stderr and not (raw / "data-bin").exists()
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_inputs_inside_destdir_are_refused(raw: Path, force: bool) -> None:
+    # The finished output replaces --destdir as a whole: inputs inside it would be deleted.
+    extra = ["--force"] if force else []
+    for destdir in (".", "sub"):
+        (raw / "sub").mkdir(exist_ok=True)
+        for name in ("valid.en", "valid.de"):
+            (raw / "sub" / name).write_bytes((raw / name).read_bytes())
+        args = preprocess_args(raw, destdir, *extra)
+        args[args.index("--validpref") + 1] = raw / "sub" / "valid"
+        result = nmt(*args)
+        assert_one_error(result, "is inside --destdir", f"--destdir {raw / destdir},")
+        assert (raw / "sub" / "valid.en").is_file() and (raw / "train.en").is_file()
+    (raw / "elsewhere").mkdir()
+    (raw / "elsewhere" / "valid.en").symlink_to(raw / "sub" / "valid.en")
+    (raw / "elsewhere" / "valid.de").symlink_to(raw / "sub" / "valid.de")
+    args = preprocess_args(raw, "sub", *extra)
+    args[args.index("--validpref") + 1] = raw / "elsewhere" / "valid"
+    assert_one_error(nmt(*args), "elsewhere/valid.en is inside --destdir")
+    assert (raw / "sub" / "valid.en").is_file()
+
+
+@pytest.mark.parametrize("flag,value,item", [("--validpref", "{v},,{v}", 2), ("--testpref", "{v},", 2), ("--testpref", "", 1)])
+def test_empty_prefix_in_a_list_is_refused(raw: Path, flag: str, value: str, item: int) -> None:
+    args = preprocess_args(raw)
+    args[args.index(flag) + 1] = value.format(v=raw / "valid")
+    assert_one_error(nmt(*args), flag, "empty prefix", f"item {item}")
+    assert not (raw / "data-bin").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="shared multi30k data not present")
 def test_multi30k_subset_end_to_end(tmp_path: Path) -> None:

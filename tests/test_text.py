@@ -304,6 +304,25 @@ def test_bpe_errors_are_clear(tmp_path: Path) -> None:
         BpeModel(junk)
 
 
+def test_learn_bpe_reraises_the_error_of_its_input(tmp_path: Path) -> None:
+    # sentencepiece wraps an exception of the sentence iterator in its own, traceback included.
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"good line\n" * 5 + b"bad \xff\xfe bytes here\n")
+    with pytest.raises(NmtError) as caught:
+        learn_bpe(read_lines(bad), tmp_path / "m.model", vocab_size=20, sample_size=0, seed=1)
+    assert str(caught.value) == f"invalid UTF-8 at {bad}:6 (byte 5 of the line)"
+
+    def interrupted() -> Iterator[str]:
+        yield "a b c"
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        learn_bpe(interrupted(), tmp_path / "m.model", vocab_size=20, sample_size=0, seed=1)
+    with pytest.raises(NmtError, match="no text to learn BPE from"):
+        learn_bpe(iter(["", ""]), tmp_path / "m.model", vocab_size=20, sample_size=0, seed=1)
+    assert not (tmp_path / "m.model").exists()
+
+
 # --- TextPipeline -------------------------------------------------------------------------
 
 

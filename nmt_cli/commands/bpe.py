@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -10,7 +11,8 @@ import click
 
 @click.command(name="learn-bpe")
 @click.option("--input", "inputs", multiple=True, required=True,
-              help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files.")
+              help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files; "
+                   "- for stdin.")
 @click.option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
 @click.option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
 @click.option("--sample", default=2_000_000, show_default=True,
@@ -21,22 +23,36 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
 
     Uses the same settings as `nmt preprocess`: model type bpe, full character
     coverage, no normalization inside sentencepiece (so applying and undoing the
-    model gives back the input exactly), no byte fallback. Input is streamed;
-    only the sample is held in memory.
+    model gives back the input exactly), no byte fallback. Input is streamed
+    (read once, so - works); only the sample is held in memory.
     """
     import itertools
 
     from nmt_cli.commands.outputs import make_parent_directory
+    from nmt_cli.config import check_seed
+    from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
-    from nmt_cli.text.reader import check_readable, read_lines
 
-    paths = [Path(p) for p in inputs]
-    for path in paths:
-        check_readable(path)
+    if sample < 0:
+        raise NmtError(f"--sample must be >= 0 (0: all sentences; got {sample})")
+    check_seed(seed)
+    if inputs.count("-") > 1:
+        raise NmtError("--input - (standard input) can be given only once")
+    sources = [_input_lines(name) for name in inputs]  # every file is checked before learning starts
     model_path = Path(f"{model_prefix}.model")
     make_parent_directory(model_path)
-    learn(itertools.chain.from_iterable(read_lines(p) for p in paths), model_path, vocab_size, sample, seed)
+    learn(itertools.chain.from_iterable(sources), model_path, vocab_size, sample, seed)
     click.echo(f"wrote {model_path} ({BpeModel(model_path).size()} pieces)")
+
+
+def _input_lines(name: str) -> Iterator[str]:
+    """The lines of one --input (- : stdin), read lazily; a file is checked now."""
+    from nmt_cli.text.reader import check_readable, read_lines, read_stream
+
+    if name == "-":
+        return read_stream(sys.stdin.buffer, "<stdin>")
+    check_readable(Path(name))
+    return read_lines(Path(name))
 
 
 @click.command(name="apply-bpe")
@@ -50,11 +66,12 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     Streams line by line: exactly one output line per input line, in order
     (an empty line stays empty).
     """
-    from nmt_cli.commands.outputs import open_output_text
+    from nmt_cli.commands.outputs import close_quietly, open_output_text, refuse_overwriting_input
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
     from nmt_cli.text.reader import check_readable, read_lines, read_stream
 
+    refuse_overwriting_input(output_path, input_path)
     bpe = BpeModel(Path(model))
     if input_path == "-":
         lines = read_stream(sys.stdin.buffer, "<stdin>")
@@ -69,10 +86,12 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
             if interactive:
                 out.flush()
         out.flush()
+        if out is not sys.stdout:
+            out.close()
     except BrokenPipeError:
         raise  # the reader went away (`| head`): the CLI ends quietly
     except OSError as error:
         raise NmtError(f"cannot write {output_path if output_path != '-' else '<stdout>'}: {error.strerror or error}") from None
     finally:
         if out is not sys.stdout:
-            out.close()
+            close_quietly(out)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import sys
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from nmt_cli.errors import NmtError
 
@@ -22,3 +25,26 @@ def open_output_text(path: Path) -> TextIO:
         return open(path, "w", encoding="utf-8", newline="\n")
     except OSError as error:
         raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+
+
+def close_quietly(stream: IO) -> None:
+    """Close after a failure: closing flushes again, and that error must not hide the first."""
+    try:
+        stream.close()
+    except OSError:
+        pass
+
+
+def refuse_overwriting_input(output_path: str | Path, input_path: str | Path, flag: str = "--output") -> None:
+    """Raise if `output_path` is the regular file read as input ("-": stdin), also through
+    a link or another spelling: opening the output for writing would empty the input."""
+    if str(output_path) == "-":
+        return
+    try:
+        output_stat = os.stat(output_path)
+        input_stat = os.fstat(sys.stdin.fileno()) if str(input_path) == "-" else os.stat(input_path)
+    except (OSError, ValueError):
+        return  # a path that does not exist yet (or cannot be read) is not the input
+    if stat.S_ISREG(output_stat.st_mode) and os.path.samestat(input_stat, output_stat):
+        source = "standard input" if str(input_path) == "-" else str(input_path)
+        raise NmtError(f"{flag} {output_path} is the input ({source}): writing it would destroy the input")

@@ -7,10 +7,20 @@ from pathlib import Path
 import click
 
 from nmt_cli.config import PreprocessConfig
+from nmt_cli.errors import NmtError
 
 
-def _prefixes(value: str | None) -> tuple[Path, ...]:
-    return tuple(Path(p) for p in value.split(",") if p) if value else ()
+def _prefixes(flag: str, value: str | None) -> tuple[Path, ...]:
+    """A comma-separated list of prefixes; an empty item (`a,,b`, `a,`) is a mistake, never skipped."""
+    if value is None:
+        return ()
+    prefixes = value.split(",")
+    if "" in prefixes:
+        raise NmtError(
+            f"{flag} {value!r} has an empty prefix (item {prefixes.index('') + 1}); "
+            "give comma-separated file prefixes such as a,b"
+        )
+    return tuple(Path(p) for p in prefixes)
 
 
 def _optional_path(value: str | None) -> Path | None:
@@ -85,8 +95,8 @@ def preprocess(
 
     cfg = PreprocessConfig(
         source_lang=source_lang, target_lang=target_lang, trainpref=Path(trainpref), destdir=Path(destdir),
-        validpref=_prefixes(validpref), testpref=_prefixes(testpref), joined_dictionary=joined_dictionary,
-        workers=workers, thresholdsrc=thresholdsrc, thresholdtgt=thresholdtgt, nwordssrc=nwordssrc,
+        validpref=_prefixes("--validpref", validpref), testpref=_prefixes("--testpref", testpref),
+        joined_dictionary=joined_dictionary, workers=workers, thresholdsrc=thresholdsrc, thresholdtgt=thresholdtgt, nwordssrc=nwordssrc,
         nwordstgt=nwordstgt, srcdict=_optional_path(srcdict), tgtdict=_optional_path(tgtdict),
         tokenizer=tokenizer, normalize_punctuation=normalize_punctuation,
         aggressive_dash_splits=aggressive_dash_splits, bpe=bpe, bpe_size=bpe_size, bpe_sample=bpe_sample,

@@ -10,6 +10,7 @@ from typing import BinaryIO
 
 import click
 
+from nmt_cli.commands.outputs import close_quietly, refuse_overwriting_input
 from nmt_cli.config import (
     ERROR_POLICIES,
     INPUT_FORMATS,
@@ -132,6 +133,7 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
 
 def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     """Translate `input_path` into `output_path` ("-": stdin / stdout)."""
+    refuse_overwriting_input(output_path, input_path)
     import torch
 
     from nmt_cli.decode.lines import chunks, read_lines
@@ -183,13 +185,20 @@ def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
     if path == "-":
         yield sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
         return
+    verb = "read" if mode == "rb" else "write"
     try:
         stream = open(path, mode)
     except OSError as error:
-        verb = "read" if mode == "rb" else "write"
         raise NmtError(f"cannot {verb} {path}: {error.strerror}") from None
-    with stream:
+    try:
         yield stream
+    except BaseException:
+        close_quietly(stream)
+        raise
+    try:
+        stream.close()
+    except OSError as error:
+        raise NmtError(f"cannot {verb} {path}: {error.strerror or error}") from None
 
 
 @contextmanager

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from nmt_cli.errors import NmtError
+
 # --metrics value -> sacreBLEU's metric name (the CLI computes them in sorted order of these names).
 METRIC_CHOICES = ("bleu", "chrf", "ter")
 
@@ -39,9 +41,14 @@ def build_metrics(
     metrics = {}
     for name in names:
         if name == "bleu":
-            metrics[name] = BLEU(
-                lowercase=lowercase, tokenize=tokenize, effective_order=sentence_level, references=refs
-            )
+            try:
+                metrics[name] = BLEU(
+                    lowercase=lowercase, tokenize=tokenize, effective_order=sentence_level, references=refs
+                )
+            except (RuntimeError, ImportError, OSError) as error:
+                # ja-mecab and ko-mecab need extra packages; flores101/200 download a model.
+                reason = " ".join(str(error).split())
+                raise NmtError(f"sacreBLEU's --tokenize {tokenize} is not available here: {reason}") from None
         elif name == "chrf":
             metrics[name] = CHRF(references=refs)
         elif name == "ter":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import sentencepiece as spm
@@ -43,9 +43,10 @@ def learn_bpe(
     spm.set_random_generator_seed(seed)
     # Serialized in memory: a model written by sentencepiece itself records its output path.
     model = io.BytesIO()
+    source = _RecordingIterator(sentences)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
+            sentence_iterator=source,
             model_writer=model,
             model_type="bpe",
             vocab_size=vocab_size,
@@ -58,6 +59,10 @@ def learn_bpe(
             minloglevel=2,
         )
     except RuntimeError as e:
+        if source.error is not None:  # our own error (a bad input line), not sentencepiece's
+            raise source.error from None
+        if "[!sentences_.empty()]" in str(e):
+            raise NmtError("no text to learn BPE from: the input has no non-empty lines") from None
         too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e))
         if too_high:
             raise NmtError(
@@ -66,6 +71,30 @@ def learn_bpe(
             ) from None
         raise NmtError(f"sentencepiece could not learn a model: {e}") from None
     _write_file(Path(model_path), model.getvalue())
+
+
+class _RecordingIterator:
+    """`sentences`, remembering the exception they raised (an `NmtError` for a bad line).
+
+    sentencepiece turns an exception of the iterator it consumes into a RuntimeError whose
+    message holds a Python traceback; `learn_bpe` re-raises the original instead.
+    """
+
+    def __init__(self, sentences: Iterable[str]) -> None:
+        self._sentences = iter(sentences)
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self._sentences)
+        except StopIteration:
+            raise
+        except BaseException as error:  # KeyboardInterrupt too: it must stay an interrupt
+            self.error = error
+            raise
 
 
 def _write_file(path: Path, data: bytes) -> None:

@@ -63,6 +63,10 @@ class Trainer:
         self.valid_split = None if cfg.disable_validation else self.data.split(cfg.valid_subset)
         self.save_dir = Path(cfg.save_dir)
         check_writable(self.save_dir)
+        if model_cfg.share_all_embeddings and self.data.src_dict != self.data.tgt_dict:
+            # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
+            raise NmtError(f"--share-all-embeddings needs one joined dictionary, but {cfg.data} has different "
+                           "source and target dictionaries (preprocess with --joined-dictionary)")
         resume = self._load_resume_state()
         self.engine = build_engine(cfg, model_cfg, len(self.data.src_dict), len(self.data.tgt_dict), dist)
         self.progress = self._restore(resume)
