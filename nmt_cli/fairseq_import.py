@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from nmt_cli.data.dictionary import SPECIALS
 from nmt_cli.errors import NmtError, where
 from nmt_cli.fairseq_pickle import PICKLE_MODULE, plain
 from nmt_cli.models.registry import build_model
+from nmt_cli.staging import create_staging, fingerprint, publish, refuse_inputs_inside
 
 # ---------------------------------------------------------------------------
 # Arguments
@@ -58,40 +61,62 @@ UNSUPPORTED_FLAGS = (
     "no_cross_attention", "cross_self_attention", "no_token_positional_embeddings", "char_inputs",
     "encoder_layers_to_keep", "decoder_layers_to_keep",
 )
+# Arguments read as numbers or switches. A checkpoint comes from outside, so each is checked
+# where it is read: a malformed one is named instead of failing deep inside the model.
+SIZE_ARGS = (
+    "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
+    "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
+    "max_source_positions", "max_target_positions", "decoder_input_dim", "decoder_output_dim",
+)
+DROPOUT_ARGS = ("dropout", "attention_dropout", "activation_dropout")
+SWITCH_ARGS = (
+    "encoder_normalize_before", "decoder_normalize_before", "encoder_learned_pos", "decoder_learned_pos",
+    "share_decoder_input_output_embed", "share_all_embeddings", "no_scale_embedding", "no_decoder_final_norm",
+)
 
 
-def read_args(args: Any, cfg: Any, path: Path) -> dict[str, Any]:
-    """The flat model and task arguments of a checkpoint: `args` (old) or `cfg.model`/`cfg.task` (new).
+def read_args(args: Any, cfg: Any, path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """The flat model and task arguments of a checkpoint: `args` (old) or `cfg.model`/`cfg.task` (new),
+    and where each is stored in the checkpoint (`args.encoder_layers`, `cfg.model.encoder.layers`).
 
     A hydra-style model config nests `encoder`/`decoder` groups; they are flattened to
     the `encoder_embed_dim`-style names of the argparse era.
     """
     if isinstance(args, dict) and args:
-        return dict(args)
+        return dict(args), {key: f"args.{key}" for key in args}
     if not isinstance(cfg, dict) or not isinstance(cfg.get("model"), dict):
         raise NmtError(f"{path} records neither 'args' nor 'cfg.model': not a fairseq training checkpoint")
     flat: dict[str, Any] = {}
+    labels: dict[str, str] = {}
     for key, value in cfg["model"].items():
         if key in ("encoder", "decoder") and isinstance(value, dict):
-            flat.update({f"{key}_{k}": v for k, v in value.items()})
+            for name, item in value.items():
+                flat[f"{key}_{name}"], labels[f"{key}_{name}"] = item, f"cfg.model.{key}.{name}"
         else:
-            flat[key] = value
-    flat.setdefault("arch", flat.get("_name"))
+            flat[key], labels[key] = value, f"cfg.model.{key}"
+    if "arch" not in flat:
+        flat["arch"], labels["arch"] = flat.get("_name"), "cfg.model._name"
     task = cfg.get("task") if isinstance(cfg.get("task"), dict) else {}
     for key in ("source_lang", "target_lang"):
         if flat.get(key) is None:
-            flat[key] = task.get(key)
-    return flat
+            flat[key], labels[key] = task.get(key), f"cfg.task.{key}"
+    return flat, labels
 
 
-def model_config_from_args(args: dict[str, Any], weights: dict[str, torch.Tensor], path: Path) -> ModelConfig:
-    """Our ModelConfig for a fairseq Transformer; NmtError naming any option we cannot reproduce."""
+def model_config_from_args(args: dict[str, Any], weights: dict[str, torch.Tensor], path: Path,
+                           labels: dict[str, str] | None = None) -> ModelConfig:
+    """Our ModelConfig for a fairseq Transformer; NmtError naming any option we cannot reproduce,
+    or any argument of the wrong type (`labels` says where each is stored; default `args.NAME`)."""
+    labels = labels or {}
     arch = args.get("arch")
+    if arch is not None and not isinstance(arch, str):
+        raise NmtError(f"{path}: {_label(labels, 'arch')} must be a string naming the architecture, not {_show(arch)}")
     if arch not in ARCH_DEFAULTS:
         raise NmtError(f"{path}: architecture {arch!r} is not supported (supported: {', '.join(ARCH_DEFAULTS)})")
     v = {**BASE_DEFAULTS, **ARCH_DEFAULTS[arch], **{k: x for k, x in args.items() if x is not None}}
     for side_key, encoder_key in (("decoder_embed_dim", "encoder_embed_dim"), ("decoder_ffn_embed_dim", "encoder_ffn_embed_dim")):
         v.setdefault(side_key, v[encoder_key])
+    _check_arg_types(v, labels, path)
     problems = [f"--{flag.replace('_', '-')}" for flag in UNSUPPORTED_FLAGS if v.get(flag)]
     if v["activation_fn"] != "relu":
         problems.append(f"--activation-fn {v['activation_fn']}")
@@ -106,10 +131,17 @@ def model_config_from_args(args: dict[str, Any], weights: dict[str, torch.Tensor
     pre_norm = bool(v["encoder_normalize_before"])
     if pre_norm and v.get("no_decoder_final_norm"):
         problems.append("--no-decoder-final-norm")
-    if pre_norm and (_version(weights, "encoder") < 2 or _version(weights, "decoder") <= 2):
+    if pre_norm and (_version(weights, "encoder", path) < 2 or _version(weights, "decoder", path) <= 2):
         problems.append("a pre-norm model from before fairseq added the final LayerNorm (state version < 3)")
     if problems:
         raise NmtError(f"{path}: nmt cannot reproduce this fairseq model: {'; '.join(problems)}")
+    try:
+        return _model_config(v, pre_norm)
+    except NmtError as error:  # a combination ModelConfig refuses, e.g. heads not dividing the width
+        raise NmtError(f"{path}: {error}") from None
+
+
+def _model_config(v: dict[str, Any], pre_norm: bool) -> ModelConfig:
     return ModelConfig(
         encoder_embed_dim=v["encoder_embed_dim"], encoder_ffn_embed_dim=v["encoder_ffn_embed_dim"],
         encoder_layers=v["encoder_layers"], encoder_attention_heads=v["encoder_attention_heads"],
@@ -125,10 +157,50 @@ def model_config_from_args(args: dict[str, Any], weights: dict[str, torch.Tensor
     )
 
 
-def _version(weights: dict[str, torch.Tensor], side: str) -> float:
+def _check_arg_types(v: dict[str, Any], labels: dict[str, str], path: Path) -> None:
+    """NmtError naming the first size, dropout or switch of the wrong type or out of range."""
+    for key in SIZE_ARGS:
+        value = v.get(key)
+        if value is not None and not (_is_int(value) and value >= 1):
+            raise NmtError(f"{path}: {_label(labels, key)} must be a positive integer, not {_show(value)}")
+    for key in DROPOUT_ARGS:
+        value = v.get(key)
+        if not (_is_number(value) and 0 <= value < 1):
+            raise NmtError(f"{path}: {_label(labels, key)} must be a number in [0, 1), not {_show(value)}")
+    for key in SWITCH_ARGS:
+        value = v.get(key)
+        # A string such as 'False' would read as on: only booleans (and 0/1) are switches.
+        if value is not None and not (isinstance(value, bool) or (_is_int(value) and value in (0, 1))):
+            raise NmtError(f"{path}: {_label(labels, key)} must be true or false, not {_show(value)}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _label(labels: dict[str, str], key: str) -> str:
+    """Where argument `key` is stored in the checkpoint, for error messages."""
+    return labels.get(key, f"args.{key}")
+
+
+def _show(value: Any) -> str:
+    """A value for a one-line error message: its repr on one line, shortened."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _version(weights: dict[str, torch.Tensor], side: str, path: Path) -> float:
     """fairseq's per-module state version (a missing key reads as 1, as fairseq does)."""
     version = weights.get(f"{side}.version")
-    return float(version.flatten()[0]) if version is not None else 1.0
+    if version is None:
+        return 1.0
+    if version.numel() == 0:
+        raise NmtError(f"{path}: model weight {side}.version is empty (fairseq stores its state version there)")
+    return float(version.flatten()[0])
 
 
 @dataclass
@@ -136,6 +208,7 @@ class FairseqCheckpoint:
     args: dict[str, Any]  # model and task arguments, flattened
     weights: dict[str, torch.Tensor]  # fairseq parameter names
     num_updates: int = 0
+    labels: dict[str, str] = field(default_factory=dict)  # argument -> where it is stored (`args.arch`)
 
 
 def load_fairseq_checkpoint(path: str | Path) -> FairseqCheckpoint:
@@ -152,23 +225,57 @@ def load_fairseq_checkpoint(path: str | Path) -> FairseqCheckpoint:
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise NmtError(f"not a fairseq checkpoint (no 'model' weights): {path}")
     weights = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
-    history = plain(state.get("optimizer_history")) or [{}]
-    num_updates = history[-1].get("num_updates") if isinstance(history[-1], dict) else None
-    args = read_args(plain(state.get("args")), plain(state.get("cfg")), path)
-    return FairseqCheckpoint(args, weights, int(num_updates or 0))
+    for key in weights:
+        # Every parameter of a fairseq TransformerModel lies in its encoder or its decoder.
+        if not isinstance(key, str) or not key.startswith(("encoder.", "decoder.")):
+            raise NmtError(f"{path}: model weight {_show(key)} is not named encoder.* or decoder.*")
+    num_updates = read_num_updates(plain(state.get("optimizer_history")), path)
+    args, labels = read_args(plain(state.get("args")), plain(state.get("cfg")), path)
+    return FairseqCheckpoint(args, weights, num_updates, labels)
+
+
+def read_num_updates(history: Any, path: Path) -> int:
+    """The update count of fairseq's last optimizer_history entry (0 when none is recorded)."""
+    if history is None:
+        return 0
+    if not isinstance(history, list):
+        raise NmtError(f"{path}: optimizer_history must be a list, not {_show(history)}")
+    if not history:
+        return 0
+    if not isinstance(history[-1], dict):
+        raise NmtError(f"{path}: optimizer_history[-1] must be a dict, not {_show(history[-1])}")
+    count = history[-1].get("num_updates")
+    if count is None:
+        return 0
+    if not (_is_int(count) and count >= 0):
+        raise NmtError(f"{path}: optimizer_history[-1].num_updates must be a non-negative integer, not {_show(count)}")
+    return count
+
+
+@contextmanager
+def malformed_checkpoint_as_error(path: Path) -> Iterator[None]:
+    """The last line of defence behind the explicit checks: a malformation they did not foresee
+    (a field of a type nobody expected) still gives one line naming the checkpoint."""
+    try:
+        yield
+    except (TypeError, ValueError, IndexError, KeyError) as error:
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise NmtError(f"{path}: malformed fairseq checkpoint ({type(error).__name__}: {reason[:200]})") from None
 
 
 # ---------------------------------------------------------------------------
 # Weights
 
 
-def upgrade_legacy_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def upgrade_legacy_names(weights: dict[str, torch.Tensor], origin: Path) -> dict[str, torch.Tensor]:
     """Old fairseq layouts -> fairseq 0.12 names (what its `upgrade_state_dict_named` does).
 
     * `layer_norms.{0,1,2}` -> `self_attn_layer_norm`, (decoder) `encoder_attn_layer_norm`,
       `final_layer_norm`;
     * fused `in_proj_weight`/`in_proj_bias` -> `q_proj`, `k_proj`, `v_proj`;
     * `decoder.embed_out` -> `decoder.output_projection.weight`.
+
+    A key or shape these layouts cannot have is an NmtError naming `origin`.
     """
     out: dict[str, torch.Tensor] = {}
     for key, value in weights.items():
@@ -177,8 +284,15 @@ def upgrade_legacy_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Te
             names = ["self_attn_layer_norm", "final_layer_norm"]
             if parts[0] == "decoder":
                 names = ["self_attn_layer_norm", "encoder_attn_layer_norm", "final_layer_norm"]
-            out[".".join(parts[:3] + [names[int(parts[4])], parts[5]])] = value
+            name = {str(i): n for i, n in enumerate(names)}.get(parts[4])
+            if name is None:
+                raise NmtError(f"{origin}: model weight {key}: a fairseq {parts[0]} layer has layer_norms.0 "
+                               f"to layer_norms.{len(names) - 1} only")
+            out[".".join(parts[:3] + [name, parts[5]])] = value
         elif parts[-1] in ("in_proj_weight", "in_proj_bias"):
+            if value.dim() == 0 or value.size(0) % 3 != 0:
+                raise NmtError(f"{origin}: model weight {key} has shape {tuple(value.shape)}: "
+                               "a fused q/k/v projection needs a first dimension divisible by 3")
             prefix, kind = ".".join(parts[:-1]), parts[-1].removeprefix("in_proj_")
             for proj, chunk in zip(("q_proj", "k_proj", "v_proj"), value.chunk(3, dim=0)):
                 out[f"{prefix}.{proj}.{kind}"] = chunk
@@ -200,7 +314,7 @@ def convert_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, origi
     `self_attn.in_proj` = [q; k; v] and `encoder_attn.kv_proj` = [k; v]. A missing
     weight, or one left over (an option we do not model), is an NmtError naming `origin`.
     """
-    source = {k: v for k, v in upgrade_legacy_names(weights).items() if not k.endswith(IGNORED_SUFFIXES)}
+    source = {k: v for k, v in upgrade_legacy_names(weights, origin).items() if not k.endswith(IGNORED_SUFFIXES)}
     if cfg.share_all_embeddings and "decoder.embed_tokens.weight" not in source:
         source["decoder.embed_tokens.weight"] = source.get("encoder.embed_tokens.weight")
     if cfg.share_all_embeddings or cfg.share_decoder_input_output_embed:
@@ -214,10 +328,13 @@ def convert_state_dict(weights: dict[str, torch.Tensor], cfg: ModelConfig, origi
             raise NmtError(f"{origin}: fairseq weight {missing[0]} is missing")
         used.update(names)
         tensors = [source[n] for n in names]
+        if len(tensors) > 1 and (min(t.dim() for t in tensors) == 0 or len({t.shape[1:] for t in tensors}) > 1):
+            shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, tensors))
+            raise NmtError(f"{origin}: fairseq weights of different shapes where our model joins them: {shapes}")
         return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
 
     for key in _our_parameter_names(source):
-        prefix, leaf = key.rsplit(".", 1)
+        prefix, _, leaf = key.rpartition(".")
         if prefix.endswith("self_attn.in_proj"):
             base = prefix.removesuffix("in_proj")
             value = take(*(f"{base}{p}_proj.{leaf}" for p in "qkv"))
@@ -295,15 +412,29 @@ class ImportConfig:
     bpe_codes: Path | None = None
     source_lang: str | None = None
     target_lang: str | None = None
+    force: bool = False  # replace an out_dir that holds anything but this same import
 
 
-def import_fairseq(cfg: ImportConfig) -> Path:
-    """Write `cfg.out_dir` (checkpoint.pt, meta.json, dictionaries, BPE codes); return the checkpoint path."""
-    loaded = load_fairseq_checkpoint(cfg.checkpoint)
-    model_cfg = model_config_from_args(loaded.args, loaded.weights, cfg.checkpoint)
-    inferred = infer_language_pair(cfg.dict_dir)
-    src_lang = cfg.source_lang or loaded.args.get("source_lang") or inferred[0]
-    tgt_lang = cfg.target_lang or loaded.args.get("target_lang") or inferred[1]
+@dataclass(frozen=True)
+class ImportResult:
+    checkpoint: Path  # the run's checkpoint.pt
+    written: bool  # False when out_dir already held this same import, left as it was
+
+
+def import_fairseq(cfg: ImportConfig) -> ImportResult:
+    """Write `cfg.out_dir` (checkpoint.pt, meta.json, dictionaries, BPE codes) as a whole.
+
+    An out_dir that holds anything (an nmt training run, another import) is refused
+    unless `cfg.force`; one that holds this same import (same inputs, same nmt) is left
+    as it is, so re-running an import is harmless.
+    """
+    checkpoint_path = cfg.out_dir / "checkpoint.pt"
+    with malformed_checkpoint_as_error(cfg.checkpoint):
+        loaded = load_fairseq_checkpoint(cfg.checkpoint)
+        model_cfg = model_config_from_args(loaded.args, loaded.weights, cfg.checkpoint, loaded.labels)
+        inferred = infer_language_pair(cfg.dict_dir)
+        src_lang = cfg.source_lang or _recorded_language(loaded, "source_lang", cfg.checkpoint) or inferred[0]
+        tgt_lang = cfg.target_lang or _recorded_language(loaded, "target_lang", cfg.checkpoint) or inferred[1]
     if not src_lang or not tgt_lang:
         raise NmtError(
             f"neither {cfg.checkpoint} nor the file names in {cfg.dict_dir} tell the languages; "
@@ -311,46 +442,106 @@ def import_fairseq(cfg: ImportConfig) -> Path:
         )
     src_dict_path, tgt_dict_path = cfg.dict_dir / f"dict.{src_lang}.txt", cfg.dict_dir / f"dict.{tgt_lang}.txt"
     src_dict, tgt_dict = read_fairseq_dictionary(src_dict_path), read_fairseq_dictionary(tgt_dict_path)
-    _check_vocab_size(loaded.weights, "encoder", src_dict, src_dict_path, cfg.checkpoint)
-    _check_vocab_size(loaded.weights, "decoder", tgt_dict, tgt_dict_path, cfg.checkpoint)
-    if model_cfg.share_all_embeddings and src_dict != tgt_dict:
-        raise NmtError(f"{cfg.checkpoint} shares all embeddings but {src_dict_path} and {tgt_dict_path} differ")
-    weights = convert_state_dict(loaded.weights, model_cfg, cfg.checkpoint)
-    model = build_model(model_cfg, len(src_dict), len(tgt_dict))
-    check_state_dict_fits(model, weights, cfg.checkpoint)
-    model.load_state_dict(weights)
     if cfg.bpe_codes is not None and not cfg.bpe_codes.is_file():
         raise NmtError(f"BPE codes not found: {cfg.bpe_codes}")
-    for path in (src_dict_path, tgt_dict_path):
-        shutil.copyfile(path, _prepared(cfg.out_dir) / path.name)
+    inputs = [cfg.checkpoint, src_dict_path, tgt_dict_path] + ([cfg.bpe_codes] if cfg.bpe_codes is not None else [])
+    print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
+    run_files = {"checkpoint.pt", "meta.json", src_dict_path.name, tgt_dict_path.name}
+    run_files |= {"bpe.codes"} if cfg.bpe_codes is not None else set()
+    if out_dir_holds_import(cfg.out_dir, print_id, run_files, cfg.force):
+        return ImportResult(checkpoint_path, written=False)
+    refuse_inputs_inside(inputs, cfg.out_dir, "--out")
+    with malformed_checkpoint_as_error(cfg.checkpoint):
+        _check_vocab_size(loaded.weights, "encoder", src_dict, src_dict_path, cfg.checkpoint)
+        _check_vocab_size(loaded.weights, "decoder", tgt_dict, tgt_dict_path, cfg.checkpoint)
+        if model_cfg.share_all_embeddings and src_dict != tgt_dict:
+            raise NmtError(f"{cfg.checkpoint} shares all embeddings but {src_dict_path} and {tgt_dict_path} differ")
+        weights = convert_state_dict(loaded.weights, model_cfg, cfg.checkpoint)
+        model = build_model(model_cfg, len(src_dict), len(tgt_dict))
+        check_state_dict_fits(model, weights, cfg.checkpoint)
+        model.load_state_dict(weights)
+    copies = {src_dict_path.name: src_dict_path, tgt_dict_path.name: tgt_dict_path}
     if cfg.bpe_codes is not None:
-        shutil.copyfile(cfg.bpe_codes, cfg.out_dir / "bpe.codes")
-    meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint)
-    (cfg.out_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-    checkpoint_path = cfg.out_dir / "checkpoint.pt"
-    save_checkpoint(
-        {
-            "format_version": FORMAT_VERSION,
-            "model_config": model_cfg.to_dict(),
-            "model": model.state_dict(),
-            "source_lang": src_lang,
-            "target_lang": tgt_lang,
-            "src_dict": src_dict,
-            "tgt_dict": tgt_dict,
-            "num_updates": loaded.num_updates,
-            "epoch": 0,
-        },
-        checkpoint_path,
+        copies["bpe.codes"] = cfg.bpe_codes
+    meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint, print_id)
+    state = {
+        "format_version": FORMAT_VERSION,
+        "model_config": model_cfg.to_dict(),
+        "model": model.state_dict(),
+        "source_lang": src_lang,
+        "target_lang": tgt_lang,
+        "src_dict": src_dict,
+        "tgt_dict": tgt_dict,
+        "num_updates": loaded.num_updates,
+        "epoch": 0,
+    }
+    write_run_dir(cfg.out_dir, copies, meta, state)
+    return ImportResult(checkpoint_path, written=True)
+
+
+def _recorded_language(loaded: FairseqCheckpoint, key: str, path: Path) -> str | None:
+    """The checkpoint's source_lang or target_lang (it names the dictionary file to read)."""
+    value = loaded.args.get(key)
+    if value is not None and not isinstance(value, str):
+        raise NmtError(f"{path}: {_label(loaded.labels, key)} must be a language code (a string), not {_show(value)}")
+    return value
+
+
+def out_dir_holds_import(out_dir: Path, fingerprint: str, run_files: set[str], force: bool) -> bool:
+    """True when `out_dir` holds exactly this import; NmtError when it holds anything else (without --force).
+
+    Writing into an nmt training run would replace its meta.json and dictionaries and
+    break it, so a directory that is not empty is only replaced when asked to.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NmtError(f"--out {out_dir} exists and is not a directory")
+    if not out_dir.exists() or not any(out_dir.iterdir()) or force:
+        return False
+    present = {path.name for path in out_dir.iterdir()}
+    if present == run_files and _recorded_fingerprint(out_dir / "meta.json") == fingerprint:
+        return True
+    raise NmtError(
+        f"--out {out_dir} already holds files other than this import's (e.g. an nmt run, or another import); "
+        "pass --force to replace the directory (deleting its files), or choose another --out"
     )
-    return checkpoint_path
 
 
-def _prepared(directory: Path) -> Path:
+def _recorded_fingerprint(meta_path: Path) -> str | None:
+    """The fingerprint an import recorded in meta.json (None for any other meta.json)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    origin = meta.get("imported_from") if isinstance(meta, dict) else None
+    return origin.get("fingerprint") if isinstance(origin, dict) else None
+
+
+def write_run_dir(out_dir: Path, copies: dict[str, Path], meta: dict[str, Any], state: dict[str, Any]) -> None:
+    """Build the run in a hidden sibling of `out_dir`, then move it into place: a failed or
+    killed import leaves the previous directory (or none), never a mix of old and new files."""
+    try:
+        staging = create_staging(out_dir)
     except OSError as error:
-        raise NmtError(f"cannot create {directory}: {error.strerror}") from None
-    return directory
+        raise NmtError(_write_failure(out_dir, error)) from None
+    try:
+        for name, source in copies.items():
+            shutil.copyfile(source, staging / name)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        save_checkpoint(state, staging / "checkpoint.pt")
+        publish(staging, out_dir)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise NmtError(_write_failure(out_dir, error)) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _write_failure(out_dir: Path, error: OSError) -> str:
+    """One line for an OS error while writing the run (a full disk, an unwritable --out)."""
+    reason = error.strerror or str(error)
+    location = f": {error.filename}" if error.filename else ""
+    return f"cannot write --out {out_dir}: {reason}{location}"
 
 
 def infer_language_pair(data_bin: Path) -> tuple[str | None, str | None]:
@@ -366,9 +557,12 @@ def infer_language_pair(data_bin: Path) -> tuple[str | None, str | None]:
 
 
 def _check_vocab_size(weights: dict[str, torch.Tensor], side: str, symbols: list[str], dict_path: Path, ckpt: Path) -> None:
-    embedding = weights.get(f"{side}.embed_tokens.weight")
-    if embedding is None and side == "decoder":
-        embedding = weights.get("encoder.embed_tokens.weight")  # shared, stored once
+    key = f"{side}.embed_tokens.weight"
+    if key not in weights and side == "decoder":
+        key = "encoder.embed_tokens.weight"  # shared, stored once
+    embedding = weights.get(key)
+    if embedding is not None and embedding.dim() != 2:
+        raise NmtError(f"{ckpt}: model weight {key} has shape {tuple(embedding.shape)}, not (symbols, width)")
     if embedding is not None and embedding.size(0) != len(symbols):
         raise NmtError(
             f"{dict_path} has {len(symbols)} symbols (specials included) but the {side} embedding "
@@ -376,11 +570,12 @@ def _check_vocab_size(weights: dict[str, torch.Tensor], side: str, symbols: list
         )
 
 
-def run_meta(src_lang: str, tgt_lang: str, joined: bool, has_codes: bool, origin: Path) -> dict[str, Any]:
+def run_meta(src_lang: str, tgt_lang: str, joined: bool, has_codes: bool, origin: Path, print_id: str) -> dict[str, Any]:
     """meta.json of an imported run: fairseq's default Moses settings and subword-nmt BPE.
 
     fairseq's `--tokenizer moses` escapes XML characters and splits hyphens
     (`-a`) and does not normalize punctuation; WMT models were trained that way.
+    The fingerprint of the inputs tells a re-run of the same import (see `staging.fingerprint`).
     """
     return {
         "format_version": FORMAT_VERSION,
@@ -389,5 +584,5 @@ def run_meta(src_lang: str, tgt_lang: str, joined: bool, has_codes: bool, origin
         "joined_dictionary": joined,
         "tokenizer": {"name": "moses", "normalize_punctuation": False, "aggressive_dash_splits": True, "escape": True},
         "bpe": {"type": "subword_nmt", "codes": "bpe.codes", "separator": "@@"} if has_codes else None,
-        "imported_from": {"toolkit": "fairseq", "checkpoint": origin.name},
+        "imported_from": {"toolkit": "fairseq", "checkpoint": origin.name, "fingerprint": print_id},
     }

@@ -13,7 +13,6 @@ place at the end (`staging.py`).
 from __future__ import annotations
 
 import datetime
-import hashlib
 import itertools
 import json
 import shutil
@@ -26,7 +25,7 @@ from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import check_destination, create_staging, publish
+from nmt_cli.staging import check_destination, create_staging, fingerprint, publish, refuse_inputs_inside
 from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.clean import CleanSettings
 from nmt_cli.text.progress import StageReporter
@@ -80,35 +79,22 @@ def count_pairs(cfg: PreprocessConfig, splits: list[Split]) -> dict[str, int]:
     return counts
 
 
-def check_inputs_outside_destdir(cfg: PreprocessConfig, splits: list[Split]) -> None:
-    """Refuse input text inside --destdir: the finished output replaces that directory as a whole."""
-    dest = cfg.destdir.resolve()
-    for split in splits:
-        for lang in (cfg.source_lang, cfg.target_lang):
-            path = input_path(split.prefix, lang)
-            # Both where the name lies and, for a symlink, where its data lie.
-            if any(place.is_relative_to(dest) for place in (path.parent.resolve() / path.name, path.resolve())):
-                raise NmtError(
-                    f"input file {path} is inside --destdir {cfg.destdir}, which the output replaces "
-                    "(deleting the input); move the input or choose another --destdir"
-                )
+def text_inputs(cfg: PreprocessConfig, splits: list[Split]) -> list[Path]:
+    return [input_path(s.prefix, lang) for s in splits for lang in (cfg.source_lang, cfg.target_lang)]
 
 
-def fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
+def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
     """Identifies a dataset: settings (not --workers, which cannot change the output) and input files."""
     settings = {k: str(v) for k, v in asdict(cfg).items() if k not in ("workers", "force", "destdir")}
-    files = [input_path(s.prefix, lang) for s in splits for lang in (cfg.source_lang, cfg.target_lang)]
-    files += [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
-    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    blob = json.dumps({"nmt": __version__, "settings": settings, "files": stats}, sort_keys=True)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    files = text_inputs(cfg, splits) + [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
+    return fingerprint(settings, files)
 
 
 def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
     splits = plan_splits(cfg)
-    check_inputs_outside_destdir(cfg, splits)
+    refuse_inputs_inside(text_inputs(cfg, splits), cfg.destdir, "--destdir")
     line_counts = count_pairs(cfg, splits)
-    print_id = fingerprint(cfg, splits)
+    print_id = dataset_fingerprint(cfg, splits)
     if check_destination(cfg.destdir, print_id, cfg.force):
         meta = json.loads((cfg.destdir / "meta.json").read_text(encoding="utf-8"))
         return PreprocessResult(meta, reporter.elapsed(), up_to_date=True)

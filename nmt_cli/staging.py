@@ -9,11 +9,13 @@ run removes such leftovers once their process is gone.
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from nmt_cli.errors import NmtError
 
@@ -41,6 +43,29 @@ def check_destination(dest: Path, fingerprint: str, force: bool) -> bool:
         f"--destdir {dest} already holds a different dataset (or other files); "
         "pass --force to replace it, or choose another --destdir"
     )
+
+
+def fingerprint(settings: dict[str, Any], files: Iterable[Path]) -> str:
+    """Identifies an output by what made it: nmt's version, settings, and the input files
+    (path, size, modification time), so that re-running the same command can be skipped."""
+    from nmt_cli import __version__
+
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    blob = json.dumps({"nmt": __version__, "settings": settings, "files": stats}, sort_keys=True)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def refuse_inputs_inside(inputs: Iterable[Path], dest: Path, flag: str) -> None:
+    """Raise if an input file lies inside `dest`: the finished output replaces that directory
+    as a whole, which would delete the input."""
+    resolved = dest.resolve()
+    for path in inputs:
+        # Both where the name lies and, for a symlink, where its data lie.
+        if any(place.is_relative_to(resolved) for place in (path.parent.resolve() / path.name, path.resolve())):
+            raise NmtError(
+                f"input file {path} is inside {flag} {dest}, which the output replaces "
+                f"(deleting the input); move the input or choose another {flag}"
+            )
 
 
 def create_staging(dest: Path) -> Path:

@@ -23,11 +23,17 @@ from click.testing import CliRunner
 
 from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt_cli.cli import main
-from nmt_cli.config import DecodeConfig
+from nmt_cli.config import DecodeConfig, ModelConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.decode.search import generate
 from nmt_cli.errors import NmtError
-from nmt_cli.fairseq_import import load_fairseq_checkpoint, model_config_from_args, read_fairseq_dictionary
+from nmt_cli.fairseq_import import (
+    load_fairseq_checkpoint,
+    malformed_checkpoint_as_error,
+    model_config_from_args,
+    read_fairseq_dictionary,
+)
+from nmt_cli.models.registry import build_model
 from nmt_cli.text.pipeline import TextPipeline
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
@@ -281,3 +287,190 @@ def test_dictionary_overwriting_a_symbol_is_refused(tmp_path):
     path.write_text("Haus 3\n</s> 1 #fairseq:overwrite\n", encoding="utf-8")
     with pytest.raises(NmtError, match=r"dict\.de\.txt:2"):
         read_fairseq_dictionary(path)
+
+
+# ---------------------------------------------------------------------------
+# Without fairseq: a fake fairseq checkpoint made from a tiny nmt model.
+
+FAKE_SYMBOLS = ["the", "a", "house", "tree", "red", "green", "big", "small"]  # + 4 specials = 12 ids
+FAKE_CONFIG = ModelConfig(encoder_embed_dim=8, encoder_ffn_embed_dim=16, encoder_layers=1, encoder_attention_heads=2,
+                          decoder_embed_dim=8, decoder_ffn_embed_dim=16, decoder_layers=1, decoder_attention_heads=2,
+                          normalize_before=True, scale_embedding=True)
+
+
+def fairseq_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Our weights under fairseq 0.12's names (split q/k/v), with its module versions."""
+    state: dict[str, torch.Tensor] = {"encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0])}
+    for key, value in model.state_dict().items():
+        prefix, leaf = key.rsplit(".", 1)
+        if prefix.endswith("self_attn.in_proj"):
+            for proj, chunk in zip("qkv", value.chunk(3)):
+                state[f"{prefix.removesuffix('in_proj')}{proj}_proj.{leaf}"] = chunk.clone()
+        elif prefix.endswith("encoder_attn.kv_proj"):
+            for proj, chunk in zip("kv", value.chunk(2)):
+                state[f"{prefix.removesuffix('kv_proj')}{proj}_proj.{leaf}"] = chunk.clone()
+        else:
+            state[key] = value.clone()
+    return state
+
+
+def write_fake_fairseq(root: Path, name: str = "ok.pt", edit=None) -> tuple[Path, Path, dict[str, torch.Tensor]]:
+    """fs/NAME (a pre-norm `transformer`) and db/dict.{de,en}.txt under `root`; `edit(checkpoint)` may
+    damage the checkpoint dict first. Returns (checkpoint, dict dir, our weights)."""
+    torch.manual_seed(0)
+    model = build_model(FAKE_CONFIG, 4 + len(FAKE_SYMBOLS), 4 + len(FAKE_SYMBOLS))
+    args = argparse.Namespace(
+        arch="transformer", source_lang="de", target_lang="en", encoder_embed_dim=8, encoder_ffn_embed_dim=16,
+        encoder_layers=1, encoder_attention_heads=2, decoder_embed_dim=8, decoder_ffn_embed_dim=16,
+        decoder_layers=1, decoder_attention_heads=2, encoder_normalize_before=True, decoder_normalize_before=True,
+        dropout=0.1, max_source_positions=1024, max_target_positions=1024,
+    )
+    checkpoint = {"args": args, "model": fairseq_state_dict(model), "optimizer_history": [{"num_updates": 7}]}
+    if edit is not None:
+        edit(checkpoint)
+    (root / "fs").mkdir(exist_ok=True)
+    (root / "db").mkdir(exist_ok=True)
+    torch.save(checkpoint, root / "fs" / name)
+    for lang in ("de", "en"):
+        (root / "db" / f"dict.{lang}.txt").write_text("".join(f"{s} 1\n" for s in FAKE_SYMBOLS), encoding="utf-8")
+    return root / "fs" / name, root / "db", model.state_dict()
+
+
+def invoke_import(checkpoint: Path, dict_dir: Path, out: Path, *extra: str):
+    return CliRunner().invoke(main, ["import-fairseq", str(checkpoint), "--dict-dir", str(dict_dir), "--out", str(out), *extra])
+
+
+def assert_one_error_line(result, *fragments: str) -> str:
+    """Exit status 1 and a single `error:` line (no traceback) holding every fragment."""
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_fake_fairseq_checkpoint_imports_our_weights(tmp_path):
+    checkpoint, dict_dir, weights = write_fake_fairseq(tmp_path)
+    result = invoke_import(checkpoint, dict_dir, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    state = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert state["num_updates"] == 7 and (state["source_lang"], state["target_lang"]) == ("de", "en")
+    imported = model_from_checkpoint(state).state_dict()
+    assert imported.keys() == weights.keys()
+    assert all(torch.equal(imported[k], weights[k]) for k in weights)
+    assert sorted(files_of(tmp_path / "run")) == ["checkpoint.pt", "dict.de.txt", "dict.en.txt", "meta.json"]
+
+
+def _set_arg(name: str, value):
+    return lambda checkpoint: setattr(checkpoint["args"], name, value)
+
+
+def _set_weight(key: str, value: torch.Tensor):
+    return lambda checkpoint: checkpoint["model"].__setitem__(key, value)
+
+
+def _set_num_updates(value):
+    return lambda checkpoint: checkpoint["optimizer_history"][-1].__setitem__("num_updates", value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set_arg("arch", ["transformer"]), "args.arch must be a string naming the architecture, not ['transformer']"),
+    (_set_arg("encoder_layers", "1"), "args.encoder_layers must be a positive integer, not '1'"),
+    (_set_arg("decoder_attention_heads", "2"), "args.decoder_attention_heads must be a positive integer, not '2'"),
+    (_set_arg("encoder_layers", 1.0), "args.encoder_layers must be a positive integer, not 1.0"),
+    (_set_arg("encoder_layers", 0), "args.encoder_layers must be a positive integer, not 0"),
+    (_set_arg("encoder_embed_dim", True), "args.encoder_embed_dim must be a positive integer, not True"),
+    (_set_arg("dropout", "0.1"), "args.dropout must be a number in [0, 1), not '0.1'"),
+    (_set_arg("attention_dropout", 1.5), "args.attention_dropout must be a number in [0, 1), not 1.5"),
+    (_set_arg("max_source_positions", "1024"), "args.max_source_positions must be a positive integer, not '1024'"),
+    (_set_arg("share_all_embeddings", "False"), "args.share_all_embeddings must be true or false, not 'False'"),
+    (_set_arg("source_lang", ["de"]), "args.source_lang must be a language code (a string), not ['de']"),
+    (_set_arg("encoder_attention_heads", 3), "--encoder-embed-dim 8 is not divisible by --encoder-attention-heads 3"),
+    (lambda c: c.__setitem__("optimizer_history", 5), "optimizer_history must be a list, not 5"),
+    (lambda c: c.__setitem__("optimizer_history", ["x"]), "optimizer_history[-1] must be a dict, not 'x'"),
+    (_set_num_updates("abc"), "optimizer_history[-1].num_updates must be a non-negative integer, not 'abc'"),
+    (_set_num_updates(-3), "optimizer_history[-1].num_updates must be a non-negative integer, not -3"),
+    (_set_weight("foo", torch.zeros(2)), "model weight 'foo' is not named encoder.* or decoder.*"),
+    (_set_weight("encoder.layers.0.layer_norms.7.weight", torch.zeros(8)),
+     "model weight encoder.layers.0.layer_norms.7.weight: a fairseq encoder layer has layer_norms.0 to layer_norms.1 only"),
+    (_set_weight("decoder.layers.0.layer_norms.x.bias", torch.zeros(8)), "layer_norms.0 to layer_norms.2 only"),
+    (_set_weight("encoder.version", torch.tensor([])), "model weight encoder.version is empty"),
+    (_set_weight("encoder.layers.0.self_attn.in_proj_weight", torch.tensor(1.0)),
+     "model weight encoder.layers.0.self_attn.in_proj_weight has shape (): a fused q/k/v projection"),
+    (_set_weight("encoder.layers.0.self_attn.k_proj.weight", torch.zeros(8, 4)),
+     "fairseq weights of different shapes where our model joins them: encoder.layers.0.self_attn.q_proj.weight (8, 8)"),
+    (_set_weight("encoder.embed_tokens.weight", torch.zeros(12)), "model weight encoder.embed_tokens.weight has shape (12,)"),
+], ids=lambda value: None if callable(value) else value.split(" must")[0].split(":")[0][:40])
+def test_malformed_fairseq_checkpoint_gives_one_error_line(tmp_path, edit, message):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path, "x.pt", edit)
+    assert_one_error_line(invoke_import(checkpoint, dict_dir, tmp_path / "run"), f"error: {checkpoint}: ", message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_hydra_cfg_fields_are_named_where_they_are_stored(tmp_path):
+    cfg = {"model": {"_name": "transformer", "encoder": {"layers": 2.0}}, "task": {"source_lang": "de", "target_lang": "en"}}
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path, "x.pt", lambda c: c.update(args=None, cfg=cfg))
+    assert_one_error_line(invoke_import(checkpoint, dict_dir, tmp_path / "run"),
+                          f"{checkpoint}: cfg.model.encoder.layers must be a positive integer, not 2.0")
+
+
+def test_unforeseen_malformation_still_gives_one_line_naming_the_checkpoint():
+    """Behind the explicit checks, a field of a type nobody foresaw still becomes one NmtError."""
+    with pytest.raises(NmtError, match=r"^fs/x\.pt: malformed fairseq checkpoint \(TypeError: unhashable type: 'list'\)$"):
+        with malformed_checkpoint_as_error(Path("fs/x.pt")):
+            {}.get(["a list as a key"])
+
+
+def test_out_dir_holding_an_nmt_run_is_refused_without_force(tmp_path):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    run = tmp_path / "run3"  # stands in for a training run: its meta.json, dictionaries, checkpoints and log
+    run.mkdir()
+    for name, text in [("meta.json", '{"source_lang": "de", "target_lang": "en"}\n'), ("dict.de.txt", "Haus 5\n"),
+                       ("dict.en.txt", "house 5\n"), ("checkpoint_last.pt", "weights"), ("train_log.jsonl", "{}\n")]:
+        (run / name).write_text(text, encoding="utf-8")
+    before = files_of(run)
+    assert_one_error_line(invoke_import(checkpoint, dict_dir, run), f"--out {run} already holds", "--force")
+    assert files_of(run) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "fs", "run3"]  # no staging directory left
+
+    result = invoke_import(checkpoint, dict_dir, run, "--force")
+    assert result.exit_code == 0, result.output
+    assert sorted(files_of(run)) == ["checkpoint.pt", "dict.de.txt", "dict.en.txt", "meta.json"]
+    assert load_checkpoint(run / "checkpoint.pt")["num_updates"] == 7
+
+
+def test_rerunning_the_same_import_is_harmless_and_another_is_refused(tmp_path):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    out = tmp_path / "run"
+    assert invoke_import(checkpoint, dict_dir, out).exit_code == 0
+    before = files_of(out)
+    again = invoke_import(checkpoint, dict_dir, out)
+    assert again.exit_code == 0 and "already holds this import" in again.output, again.output
+    assert files_of(out) == before
+
+    other, _, _ = write_fake_fairseq(tmp_path, "other.pt", _set_num_updates(9))
+    assert_one_error_line(invoke_import(other, dict_dir, out), f"--out {out} already holds")
+    assert files_of(out) == before
+    (out / "notes.txt").write_text("mine\n", encoding="utf-8")  # the same import, plus a file of the user's
+    assert_one_error_line(invoke_import(checkpoint, dict_dir, out), "--force")
+    assert (out / "notes.txt").is_file()
+
+
+def test_out_dir_holding_the_inputs_is_refused_even_with_force(tmp_path):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    assert_one_error_line(invoke_import(checkpoint, dict_dir, tmp_path / "fs", "--force"),
+                          f"input file {checkpoint} is inside --out {tmp_path / 'fs'}")
+    assert checkpoint.is_file()
+
+
+def test_out_path_that_is_a_file_is_refused(tmp_path):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    (tmp_path / "run").write_text("x", encoding="utf-8")
+    assert_one_error_line(invoke_import(checkpoint, dict_dir, tmp_path / "run", "--force"), "is not a directory")

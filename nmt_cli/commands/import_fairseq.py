@@ -22,8 +22,10 @@ _PATH = click.Path(path_type=Path)
                    "without them `nmt translate` needs pre-segmented input (--input-format bpe).")
 @click.option("--source-lang", "-s", default=None, help="Source language (default: from the checkpoint).")
 @click.option("--target-lang", "-t", default=None, help="Target language (default: from the checkpoint).")
+@click.option("--force", is_flag=True,
+              help="Replace an --out directory that holds anything but this same import (its files are deleted).")
 def import_fairseq(checkpoint: Path, dict_dir: Path, out_dir: Path, bpe_codes: Path | None,
-                   source_lang: str | None, target_lang: str | None) -> None:
+                   source_lang: str | None, target_lang: str | None, force: bool) -> None:
     """Convert a fairseq Transformer CHECKPOINT (transformer, transformer_wmt_en_de,
     transformer_vaswani_wmt_en_de_big, transformer_wmt_en_de_big_t2t, ...) into a run
     directory that `nmt translate --path OUT/checkpoint.pt` reads.
@@ -32,9 +34,17 @@ def import_fairseq(checkpoint: Path, dict_dir: Path, out_dir: Path, bpe_codes: P
     The file is read with a restricted unpickler: no code stored in it runs, and
     fairseq need not be installed. Options nmt cannot reproduce exactly (e.g.
     --layernorm-embedding, adaptive softmax, GELU) are refused by name.
+
+    \b
+    OUT is written as a whole. It must be new or empty, or hold this same import
+    (same input files and languages: then nothing is written); any other OUT,
+    such as an nmt training run, is refused unless --force replaces it.
     """
-    path = run_import(ImportConfig(checkpoint, dict_dir, out_dir, bpe_codes, source_lang, target_lang))
-    click.echo(f"wrote {path}", err=True)
+    result = run_import(ImportConfig(checkpoint, dict_dir, out_dir, bpe_codes, source_lang, target_lang, force))
+    if not result.written:
+        click.echo(f"{out_dir} already holds this import (same input files); nothing written", err=True)
+        return
+    click.echo(f"wrote {result.checkpoint}", err=True)
     if bpe_codes is None:
         click.echo("note: no --bpe-codes, so the run applies no BPE: translate pre-segmented text "
                    "(--input-format bpe), and with a BPE model read the output with --output-format bpe", err=True)
