@@ -32,11 +32,16 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        replace_atomically(path, partial(torch.save, state))
+        replace_atomically(path, partial(_save, state))
     except (OSError, RuntimeError) as error:
         # torch reports some write failures (inside its zip writer) as RuntimeError.
         reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
         raise NmtError(f"cannot write checkpoint {path}: {reason}") from None
+
+
+def _save(state: dict[str, Any], tmp: Path) -> None:
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
 
 
 def _first_line(error: BaseException) -> str:
@@ -62,6 +67,8 @@ def _load_failure_reason(error: Exception) -> str:
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint written by `save_checkpoint`; never runs code stored in the file."""
     path = Path(path)
+    if path.is_dir():
+        raise NmtError(f"{path} is a directory, not a checkpoint file (e.g. {path / 'checkpoint_best.pt'})")
     if not path.is_file():
         raise NmtError(f"checkpoint not found: {path}")
     try:

@@ -302,7 +302,7 @@ CASES = [
     # info
     Case("info", "truncated checkpoint", lambda ws: ["info", "--path", truncate(ws.run_copy() / "checkpoint_best.pt", 500)],
          ("truncated or corrupt", "checkpoint_best.pt")),
-    Case("info", "directory as checkpoint", lambda ws: ["info", "--path", ws.run], ("checkpoint not found",)),
+    Case("info", "directory as checkpoint", lambda ws: ["info", "--path", ws.run], ("is a directory, not a checkpoint",)),
     Case("info", "model_config with unknown fields", lambda ws: ["info", "--path", ws.checkpoint_with(
         "odd.pt", model_config={"heads": 3})], ("odd.pt", "heads")),
     Case("info", "model_config with a value of the wrong type", lambda ws: ["info", "--path", ws.checkpoint_with(

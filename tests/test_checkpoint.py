@@ -136,7 +136,7 @@ def test_truncated_checkpoint_is_refused(tmp_path: Path) -> None:
 def test_missing_file_and_directory_are_refused(tmp_path: Path) -> None:
     with pytest.raises(NmtError, match="checkpoint not found"):
         load_checkpoint(tmp_path / "nope.pt")
-    with pytest.raises(NmtError, match="checkpoint not found"):
+    with pytest.raises(NmtError, match="is a directory, not a checkpoint file"):
         load_checkpoint(tmp_path)
 
 
@@ -197,8 +197,8 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pyte
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    def partial_write_then_disk_full(obj, path, *args, **kwargs):
-        Path(path).write_bytes(b"PK\x03\x04 partial")
+    def partial_write_then_disk_full(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 partial")
         disk_full()
 
     if failure == "fsync":
