@@ -17,13 +17,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from nmt_cli import __version__
 from nmt_cli.errors import NmtError
 
 PARTIAL = ".partial-"
 REPLACED = ".old-"
 
 
-def check_destination(dest: Path, fingerprint: str, force: bool) -> bool:
+def check_destination(dest: Path, print_id: str, force: bool) -> bool:
     """True when `dest` already holds this exact dataset; raise if it holds another (without --force)."""
     if dest.exists() and not dest.is_dir():
         raise NmtError(f"--destdir {dest} exists and is not a directory")
@@ -37,7 +38,7 @@ def check_destination(dest: Path, fingerprint: str, force: bool) -> bool:
             old = json.loads(meta_path.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             old = {}
-        if old.get("fingerprint") == fingerprint:
+        if old.get("fingerprint") == print_id:
             return True
     raise NmtError(
         f"--destdir {dest} already holds a different dataset (or other files); "
@@ -48,8 +49,6 @@ def check_destination(dest: Path, fingerprint: str, force: bool) -> bool:
 def fingerprint(settings: dict[str, Any], files: Iterable[Path]) -> str:
     """Identifies an output by what made it: nmt's version, settings, and the input files
     (path, size, modification time), so that re-running the same command can be skipped."""
-    from nmt_cli import __version__
-
     stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     blob = json.dumps({"nmt": __version__, "settings": settings, "files": stats}, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
