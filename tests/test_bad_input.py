@@ -297,6 +297,8 @@ CASES = [
         [1, 2], p) or p)(ws.root / "list.pt"), "--output", ws.root / "avg.pt"], ("no format_version", "list.pt")),
     Case("average", "output is not a regular file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint,
          "--output", fifo(ws, "fifo.pt")], ("fifo.pt", "not a regular file")),
+    Case("average", "output under a file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint,
+         "--output", ws.file("afile", "x\n") / "avg.pt"], ("afile/avg.pt", "a part of its directory is a file")),
     Case("average", "a loop of links as input", lambda ws: ["average", "--inputs", link_loop(ws, "loop.pt"), ws.checkpoint,
          "--output", ws.root / "avg.pt"], ("loop.pt",)),
     # info
