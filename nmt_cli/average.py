@@ -152,7 +152,11 @@ def average(cfg: AverageConfig) -> list[Path]:
     """Average the checkpoints that `cfg` selects and write the result to `cfg.output`; return the inputs."""
     paths = select_checkpoints(cfg)
     # realpath, unlike Path.resolve, does not raise on a loop of links (loading says so).
-    if os.path.realpath(cfg.output) in {os.path.realpath(p) for p in paths}:
+    real = [os.path.realpath(p) for p in paths]
+    repeated = next((p for p, r in zip(paths, real) if real.count(r) > 1), None)
+    if repeated is not None:
+        raise NmtError(f"--inputs names {repeated} more than once; it would count double in the average")
+    if os.path.realpath(cfg.output) in real:
         raise NmtError(f"--output {cfg.output} is one of the checkpoints to average; write the average to a new file")
     save_checkpoint(average_checkpoints(paths), cfg.output)
     return paths

@@ -272,6 +272,11 @@ class PreprocessConfig:
             raise NmtError(f"--max-ratio must be >= 1 (got {self.max_ratio})")
         if self.joined_dictionary and self.tgtdict is not None:
             raise NmtError("--joined-dictionary uses --srcdict for both sides; drop --tgtdict")
+        # fairseq's commands often repeat equal values for both sides; a different one would be ignored.
+        for target, source, unset in (("nwordstgt", "nwordssrc", -1), ("thresholdtgt", "thresholdsrc", 0)):
+            if self.joined_dictionary and getattr(self, target) not in (unset, getattr(self, source)):
+                raise NmtError(f"--joined-dictionary builds one dictionary with --{source} {getattr(self, source)}; "
+                               f"--{target} {getattr(self, target)} would be ignored (drop it or make them equal)")
         if self.bpe_model is not None and (self.bpe == "none" or self.separate_bpe):
             raise NmtError("--bpe-model is a joint sentencepiece model: it needs --bpe sentencepiece without --separate-bpe")
         reused_dict = self.srcdict is not None or self.tgtdict is not None

@@ -179,6 +179,8 @@ CASES = [
          ("not valid UTF-8", "d.txt")),
     Case("preprocess", "input is a directory", lambda ws: ["preprocess", "-s", "en", "-t", "de", "--trainpref",
          (ws.root / "dir").mkdir() or ws.root / "dir" / "x", "--destdir", ws.root / "out"], ("x.en",)),
+    Case("preprocess", "a target-side limit that a joined dictionary would ignore", lambda ws: preprocess(
+        ws, "--nwordssrc", "100", "--nwordstgt", "200"), ("--nwordstgt 200 would be ignored",)),
     Case("preprocess", "NUL bytes in a valid-split line", lambda ws: preprocess(ws, "--validpref", valid_with_nul(ws)),
          ("NUL byte", "valid.en:2")),
     # binarize
@@ -295,9 +297,11 @@ CASES = [
          ws.checkpoint_with("other.pt", model=wider_weights(ws)), "--output", ws.root / "avg.pt"], ("other.pt",)),
     Case("average", "a checkpoint that is a plain list", lambda ws: ["average", "--inputs", (lambda p: torch.save(
         [1, 2], p) or p)(ws.root / "list.pt"), "--output", ws.root / "avg.pt"], ("no format_version", "list.pt")),
-    Case("average", "output is not a regular file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint,
+    Case("average", "the same checkpoint twice", lambda ws: ["average", "--inputs", ws.checkpoint, ws.run / "." /
+         "checkpoint_best.pt", "--output", ws.root / "avg.pt"], ("more than once", "checkpoint_best.pt")),
+    Case("average", "output is not a regular file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint_with("b.pt"),
          "--output", fifo(ws, "fifo.pt")], ("fifo.pt", "not a regular file")),
-    Case("average", "output under a file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint,
+    Case("average", "output under a file", lambda ws: ["average", "--inputs", ws.checkpoint, ws.checkpoint_with("b.pt"),
          "--output", ws.file("afile", "x\n") / "avg.pt"], ("afile/avg.pt", "a part of its directory is a file")),
     Case("average", "a loop of links as input", lambda ws: ["average", "--inputs", link_loop(ws, "loop.pt"), ws.checkpoint,
          "--output", ws.root / "avg.pt"], ("loop.pt",)),
@@ -390,6 +394,17 @@ def test_apply_bpe_keeps_one_output_line_per_input_line(tmp_path, shared):
     assert len(out) - 1 == len(lines) and out[lines.index("")] == ""
     decoded = nmt(["apply-bpe", "--model", model, "--decode"], result.stdout)
     assert decoded.stdout.split("\n")[0] == LONG_LINE  # BPE round-trips the 10^5-character line
+
+
+def test_apply_bpe_round_trip_keeps_tabs_and_no_break_spaces(tmp_path, shared):
+    """A tab or a no-break space is a piece of its own: undoing BPE must not take it for a separator."""
+    ws = Workspace(tmp_path, *shared)
+    model = ws.bpe_model()
+    lines = ["w1\tw2 w3", "w4\u00a0w5", "w6 \u3000 w7", ""]
+    pieces = nmt(["apply-bpe", "--model", model], "".join(l + "\n" for l in lines))
+    assert pieces.exit_code == 0, pieces.output
+    decoded = nmt(["apply-bpe", "--model", model, "--decode"], pieces.stdout)
+    assert decoded.exit_code == 0 and decoded.stdout.split("\n")[:-1] == lines
 
 
 def test_score_ignores_crlf_and_bom_and_takes_huge_lines(tmp_path):

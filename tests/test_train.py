@@ -229,10 +229,32 @@ def test_patience_stops_after_validations_without_improvement(tmp_path: Path, da
     assert len(records(run, "valid")) == 3
 
 
+def test_changing_the_best_checkpoint_metric_on_resume_starts_the_best_over(tmp_path: Path, data_bin: Path,
+                                                                           monkeypatch) -> None:
+    # nll is below loss: a best nll compared with later losses would never be beaten.
+    losses = iter([3.0, 2.9, 2.8, 2.7, 2.6, 2.5])
+    monkeypatch.setattr(trainer_module, "evaluate",
+                        lambda engine, data, batches: (lambda loss: {"loss": loss, "nll": loss - 1, "ppl": 2 ** (loss - 1),
+                                                                     "tokens": 100})(next(losses)))
+    run = tmp_path / "run"
+    args = [data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "2"]
+    assert run_cli([*args, "--max-update", "4", "--best-checkpoint-metric", "nll"]).exit_code == 0
+    resumed = run_cli([*args, "--max-update", "8", "--best-checkpoint-metric", "loss", "--patience", "1"])
+    assert resumed.exit_code == 0
+    assert "--best-checkpoint-metric is now loss (was nll)" in resumed.stderr
+    assert "stopped (max_update)" in resumed.stdout
+    valid = records(run, "valid")
+    first_after = next(i for i, r in enumerate(valid) if r["update"] > 4)
+    assert [r["best"] for r in valid[:first_after]] == [r["nll"] for r in valid[:first_after]]
+    assert [r["best"] for r in valid[first_after:]] == [r["loss"] for r in valid[first_after:]]  # each one better
+    assert load_checkpoint(run / "checkpoint_best.pt")["num_updates"] == 8
+
+
 def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:
     run = tmp_path / "run"
     result = run_cli([data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "1", "--max-epoch", "2"])
     assert result.exit_code == 0
+    assert "in epoch 2;" in result.stdout  # the last epoch done, not the next one
     updates = [r["update"] for r in records(run, "valid")]
     assert updates == list(range(1, load_checkpoint(run / "checkpoint_last.pt")["num_updates"] + 1))
 

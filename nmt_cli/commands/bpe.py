@@ -23,7 +23,8 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
 
     Uses the same settings as `nmt preprocess`: model type bpe, full character
     coverage, no normalization inside sentencepiece (so applying and undoing the
-    model gives back the input exactly), no byte fallback. Input is streamed
+    model gives back the input, but for runs of spaces, which become one, and
+    leading or trailing spaces), no byte fallback. Input is streamed
     (read once, so - works); only the sample is held in memory.
     """
     import itertools
@@ -82,7 +83,8 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     out = sys.stdout if output_path == "-" else open_output_text(Path(output_path))
     try:
         for line in lines:
-            out.write((bpe.decode(line.split()) if decode else " ".join(bpe.encode(line))) + "\n")
+            # Pieces are separated by single spaces; a tab or a no-break space is a piece of its own.
+            out.write((bpe.decode([p for p in line.split(" ") if p]) if decode else " ".join(bpe.encode(line))) + "\n")
             if interactive:
                 out.flush()
         out.flush()

@@ -106,6 +106,12 @@ class Trainer:
                 if engine.scaler is not None and resume.get("scaler"):
                     engine.scaler.load_state_dict(resume["scaler"])
             restore_rng(resume["rng"])
+            before = (resume.get("train_config") or {}).get("best_checkpoint_metric", cfg.best_checkpoint_metric)
+            if before != cfg.best_checkpoint_metric and progress.best_metric is not None:
+                # A best valid nll compared with valid losses would never be beaten (and --patience would stop early).
+                self.reporter.warning(f"--best-checkpoint-metric is now {cfg.best_checkpoint_metric} (was {before}): "
+                                      "the best value and --patience start over")
+                progress.best_metric, progress.patience_counter = None, 0
             if cfg.finetune_from:
                 self.reporter.info(f"--finetune-from ignored: {self.save_dir / LAST} exists")
             self.reporter.info(f"resumed from {self.save_dir / LAST} at update {progress.num_updates}, epoch {progress.epoch}")
@@ -154,7 +160,9 @@ class Trainer:
             stop = self._run_epoch()
         if self.skipped_oom:
             self.reporter.warning(f"{self.skipped_oom} update(s) skipped after running out of GPU memory")
-        return TrainResult(progress.num_updates, progress.epoch, progress.best_metric, stop)
+        # Stopped at an epoch's end, the iterator already stands at the next epoch's start.
+        epoch = progress.epoch - 1 if progress.batches_done == 0 and progress.epoch > 1 else progress.epoch
+        return TrainResult(progress.num_updates, epoch, progress.best_metric, stop)
 
     def _limit_reached(self) -> str:
         if self.cfg.max_update and self.progress.num_updates >= self.cfg.max_update:
