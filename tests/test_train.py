@@ -250,6 +250,17 @@ def test_changing_the_best_checkpoint_metric_on_resume_starts_the_best_over(tmp_
     assert load_checkpoint(run / "checkpoint_best.pt")["num_updates"] == 8
 
 
+def test_resuming_mid_epoch_with_other_batching_says_the_epoch_is_replanned(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    assert run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "1"]).exit_code == 0
+    assert load_checkpoint(run / "checkpoint_last.pt")["iterator"]["batches_done"] == 1  # mid-epoch
+    same = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "2"])
+    assert same.exit_code == 0 and "planned anew" not in same.stderr
+    other = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "3", "--seed", "7"])
+    assert other.exit_code == 0
+    assert "--seed 1 -> 7 since the checkpoint: the rest of epoch 1 is planned anew" in other.stderr
+
+
 def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:
     run = tmp_path / "run"
     result = run_cli([data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "1", "--max-epoch", "2"])

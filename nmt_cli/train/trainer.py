@@ -93,6 +93,17 @@ class Trainer:
         check_compatible(state, path, self.data, self.model_cfg)
         return state
 
+    def _warn_if_epoch_replanned(self, before: dict[str, Any], progress: Progress) -> None:
+        """Resuming mid-epoch skips the batches already done; with other batching flags the
+        epoch's batches are not the ones that were done, so say so."""
+        keys = ("max_tokens", "batch_size", "required_batch_size_multiple", "seed")
+        changed = [f"--{k.replace('_', '-')} {before[k]} -> {getattr(self.cfg, k)}"
+                   for k in keys if k in before and before[k] != getattr(self.cfg, k)]
+        if changed and progress.batches_done:
+            self.reporter.warning(f"{', '.join(changed)} since the checkpoint: the rest of epoch {progress.epoch} is "
+                                  f"planned anew and its first {progress.batches_done} batches are skipped, so some of "
+                                  "its sentences may be seen twice or not at all")
+
     def _restore(self, resume: dict[str, Any] | None) -> Progress:
         engine, cfg = self.engine, self.cfg
         if resume is not None:
@@ -106,6 +117,7 @@ class Trainer:
                 if engine.scaler is not None and resume.get("scaler"):
                     engine.scaler.load_state_dict(resume["scaler"])
             restore_rng(resume["rng"])
+            self._warn_if_epoch_replanned(resume.get("train_config") or {}, progress)
             before = (resume.get("train_config") or {}).get("best_checkpoint_metric", cfg.best_checkpoint_metric)
             if before != cfg.best_checkpoint_metric and progress.best_metric is not None:
                 # A best valid nll compared with valid losses would never be beaten (and --patience would stop early).
