@@ -117,8 +117,9 @@ class Trainer:
                 if engine.scaler is not None and resume.get("scaler"):
                     engine.scaler.load_state_dict(resume["scaler"])
             restore_rng(resume["rng"])
-            self._warn_if_epoch_replanned(resume.get("train_config") or {}, progress)
-            before = (resume.get("train_config") or {}).get("best_checkpoint_metric", cfg.best_checkpoint_metric)
+            previous_cfg = resume.get("train_config") or {}
+            self._warn_if_epoch_replanned(previous_cfg, progress)
+            before = previous_cfg.get("best_checkpoint_metric", cfg.best_checkpoint_metric)
             if before != cfg.best_checkpoint_metric and progress.best_metric is not None:
                 # A best valid nll compared with valid losses would never be beaten (and --patience would stop early).
                 self.reporter.warning(f"--best-checkpoint-metric is now {cfg.best_checkpoint_metric} (was {before}): "
