@@ -77,7 +77,8 @@ def decode_all_steps(model, src: torch.Tensor, prev: torch.Tensor, beams: int) -
     (B * beams, T, V) float32 log-probs."""
     encoder_out, cache = model.encode(src), {}
     rows = prev.repeat_interleave(beams, dim=0)
-    steps = [model.decode_step(rows[:, : t + 1], encoder_out, cache) for t in range(rows.size(1))]
+    # A graphed step returns the graph's own output memory, which the next replay overwrites.
+    steps = [model.decode_step(rows[:, : t + 1], encoder_out, cache).clone() for t in range(rows.size(1))]
     return torch.stack(steps, dim=1)
 
 
@@ -197,7 +198,20 @@ def test_training_updates_on_device_equal_cpu(device: str, data_bin: Path) -> No
     expected = run_updates(on_cpu, split, 3)
     assert losses == pytest.approx(expected, rel=1e-5)
     for (name, p), q in zip(on_device.model.named_parameters(), on_cpu.model.parameters()):
-        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=3e-5, msg=name)
+        p, q = without_key_bias(name, p.detach().cpu()), without_key_bias(name, q.detach())
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=3e-5, msg=name)
+
+
+def without_key_bias(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """The parameter without the key projection's bias. Softmax ignores what a key bias adds
+    (the same for every key of a query), so its true gradient is zero; Adam scales the
+    round-off left there up to steps of lr, whose signs differ between devices."""
+    if name.endswith("in_proj.bias"):  # [q; k; v]
+        third = tensor.numel() // 3
+        return torch.cat([tensor[:third], tensor[2 * third:]])
+    if name.endswith("kv_proj.bias"):  # [k; v]
+        return tensor[tensor.numel() // 2:]
+    return tensor
 
 
 @pytest.mark.parametrize("device", DEVICES)

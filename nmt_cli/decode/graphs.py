@@ -124,7 +124,11 @@ class GraphedTransformer:
 
     @torch.no_grad()
     def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, cache: dict[str, Any]) -> Tensor:
-        """Transformer.decode_step, through a captured step when one new token per row is asked."""
+        """Transformer.decode_step, through a captured step when one new token per row is asked.
+
+        The log-probs returned are the graph's own memory: the next step overwrites them
+        (the search uses them before then; clone them to keep them longer).
+        """
         if not cache:
             self.model.start_cache(encoder_out, prev_tokens.size(0), cache, zeroed=True)
         start = cache["length"]

@@ -110,8 +110,8 @@ def penalize(lprobs: Tensor, cfg: DecodeConfig) -> Tensor:
 
 def force_eos(lprobs: Tensor, at_max: Tensor) -> Tensor:
     """Only `</s>` stays allowed in the rows marked by at_max (N,) (in place)."""
-    not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-    not_eos[EOS_ID] = False
+    # No `not_eos[EOS_ID] = False`: on CUDA that copies a host scalar, which a graph cannot capture.
+    not_eos = torch.arange(lprobs.size(1), device=lprobs.device).ne(EOS_ID)
     return lprobs.masked_fill_(at_max.unsqueeze(1) & not_eos.unsqueeze(0), -math.inf)
 
 
