@@ -487,7 +487,7 @@ def _recorded_language(loaded: FairseqCheckpoint, key: str, path: Path) -> str |
     return value
 
 
-def out_dir_holds_import(out_dir: Path, fingerprint: str, run_files: set[str], force: bool) -> bool:
+def out_dir_holds_import(out_dir: Path, print_id: str, run_files: set[str], force: bool) -> bool:
     """True when `out_dir` holds exactly this import; NmtError when it holds anything else (without --force).
 
     Writing into an nmt training run would replace its meta.json and dictionaries and
@@ -498,7 +498,7 @@ def out_dir_holds_import(out_dir: Path, fingerprint: str, run_files: set[str], f
     if not out_dir.exists() or not any(out_dir.iterdir()) or force:
         return False
     present = {path.name for path in out_dir.iterdir()}
-    if present == run_files and _recorded_fingerprint(out_dir / "meta.json") == fingerprint:
+    if present == run_files and _recorded_fingerprint(out_dir / "meta.json") == print_id:
         return True
     raise NmtError(
         f"--out {out_dir} already holds files other than this import's (e.g. an nmt run, or another import); "

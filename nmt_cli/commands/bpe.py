@@ -70,15 +70,10 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     from nmt_cli.commands.outputs import close_quietly, open_output_text, refuse_overwriting_input
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
-    from nmt_cli.text.reader import check_readable, read_lines, read_stream
 
     refuse_overwriting_input(output_path, input_path)
     bpe = BpeModel(Path(model))
-    if input_path == "-":
-        lines = read_stream(sys.stdin.buffer, "<stdin>")
-    else:
-        check_readable(Path(input_path))
-        lines = read_lines(Path(input_path))
+    lines = _input_lines(input_path)
     interactive = input_path == "-" and sys.stdin.isatty()
     out = sys.stdout if output_path == "-" else open_output_text(Path(output_path))
     try:
