@@ -6,6 +6,12 @@ final step (nmt: min_len = max_len = tgt-len, then `</s>`; Hugging Face:
 min_new_tokens = max_new_tokens = tgt-len + 1), so every system does the same work.
 Throughput counts tgt-len + 1 target tokens per sentence.
 
+With --tgt-len-from-source (nmt alone) each output is instead forced to as many tokens
+as its source (max_len_a 1, max_len_b 0, min_len above every maximum), so that, as in
+real translation, the sentences of a batch finish at different steps and batches have
+many shapes. That is the workload that decides whether `--cuda-graphs` pays for its
+captures: it prints how many step graphs it built.
+
     python benchmarks/decode_throughput.py                      # CPU, transformer_small, 200 sentences
     python benchmarks/decode_throughput.py --device cuda --precision bf16 --batch-size 128 --cuda-graphs
     python benchmarks/decode_throughput.py --setup-peer         # create benchmarks/.venv with transformers
@@ -48,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=200, help="sentences to translate (default: %(default)s)")
     p.add_argument("--src-len", type=int, default=20, help="mean source length in tokens (default: %(default)s)")
     p.add_argument("--tgt-len", type=int, default=32, help="forced output tokens before </s> (default: %(default)s)")
+    p.add_argument("--tgt-len-from-source", action="store_true",
+                   help="force each output to as many tokens as its source instead (nmt alone; varied lengths)")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default: %(default)s)")
     p.add_argument("--beam", type=int, default=4, help="beam size (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
@@ -144,6 +152,22 @@ def timed(torch, args, run_batch, rows) -> float:
     return best
 
 
+def forced_lengths(args: argparse.Namespace, beam: int, max_target_positions: int):
+    """nmt's DecodeConfig that forces every output to its length (see output_lengths)."""
+    from nmt_cli.config import DecodeConfig
+
+    if args.tgt_len_from_source:  # a * src_len + b tokens, min_len never reached first
+        return DecodeConfig(beam=beam, nbest=1, max_len_a=1.0, max_len_b=0, min_len=max_target_positions)
+    return DecodeConfig(beam=beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
+
+
+def output_lengths(args: argparse.Namespace, src_lengths: list[int]) -> list[int]:
+    """Tokens of each forced output, `</s>` included (source lengths count theirs)."""
+    if args.tgt_len_from_source:
+        return [n + 1 for n in src_lengths]
+    return [args.tgt_len + 1] * len(src_lengths)
+
+
 def as_nmt_translate(args: argparse.Namespace) -> None:
     """The process settings `nmt translate` makes before decoding."""
     from nmt_cli.host_memory import keep_freed_memory
@@ -157,7 +181,6 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
     graph, "whole": model and search together (what translate --cuda-graphs does)."""
     import torch
 
-    from nmt_cli.config import DecodeConfig
     from nmt_cli.decode.fixed_search import FixedSearch
     from nmt_cli.decode.graphs import with_fixed_steps
     from nmt_cli.decode.search import generate
@@ -172,8 +195,9 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
     decoder = model
     if cuda_graphs:
         decoder = with_fixed_steps(model, use_graphs=args.device.startswith("cuda"), warn=capture_failures.append)
-    decode = DecodeConfig(beam=beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
+    decode = forced_lengths(args, beam, cfg.max_target_positions)
 
+    fixed = None
     if cuda_graphs == "whole":  # as translate: buffers and graphs kept from batch to batch
         fixed = FixedSearch(decoder, decode)
 
@@ -185,17 +209,21 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
 
     def run_batch(tokens):
         hyps = search(tokens)
-        assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
+        assert [len(h[0].tokens) for h in hyps] == output_lengths(args, tokens.ne(PAD).sum(1).tolist())
 
     rows = source_sentences(args)
     seconds = timed(torch, args, run_batch, rows)
     if capture_failures:  # translate goes on without graphs; a figure would be mislabelled
         raise RuntimeError(capture_failures[0])
+    if fixed is not None and beam == args.beam:
+        batches_run = -(-len(rows) // args.batch_size) * args.repeats + 1
+        print(f"# nmt beam{beam} --cuda-graphs: {fixed.steps_built} step graphs built for {batches_run} batches "
+              f"(the timed ones and one warm-up)")
     if args.profile and beam == args.beam:
         from device_profile import device_busy_line
 
         first = next(batches(rows, args.batch_size, torch)).to(args.device)
-        unit = f"batch of {first.size(0)} ({args.tgt_len + 1} steps), nmt beam{beam}"
+        unit = f"batch of {first.size(0)} ({max(output_lengths(args, [first.size(1)]))} steps at most), nmt beam{beam}"
         if cuda_graphs:
             unit += f" graphed {cuda_graphs}"
         print(device_busy_line(lambda: run_batch(first), 2, unit, torch.device(args.device)), flush=True)
@@ -399,9 +427,9 @@ def report(name: str, args: argparse.Namespace, seconds: float | str) -> None:
     if isinstance(seconds, str):
         print(f"{name:<27} {seconds}")
         return
-    sent = args.sentences / seconds
-    print(f"{name:<27} {args.sentences} sentences in {seconds:7.2f} s: {sent:8.1f} sentences/s "
-          f"{sent * (args.tgt_len + 1):9.0f} target tokens/s")
+    target_tokens = sum(output_lengths(args, [len(row) for row in source_sentences(args)]))
+    print(f"{name:<27} {args.sentences} sentences in {seconds:7.2f} s: {args.sentences / seconds:8.1f} sentences/s "
+          f"{target_tokens / seconds:9.0f} target tokens/s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -427,9 +455,9 @@ def main(argv: list[str] | None = None) -> None:
             return
         print(json.dumps({"seconds": measure_fairseq(args), "peak_rss_mib": self_peak_rss_mib()}))
         return
+    each = "as many target tokens as source tokens" if args.tgt_len_from_source else f"{args.tgt_len}+1 target tokens"
     print(f"# {args.arch} sizes, vocab {args.vocab}, {args.sentences} sentences, batch {args.batch_size}, "
-          f"beam {args.beam}, {args.tgt_len}+1 target tokens each, {args.device} {args.precision}, "
-          f"{torch.get_num_threads()} threads")
+          f"beam {args.beam}, {each} each, {args.device} {args.precision}, {torch.get_num_threads()} threads")
     ours = ours_eager = measure_nmt(args, args.beam)
     report(f"nmt beam{args.beam}", args, ours)
     graphs_work = False
@@ -444,11 +472,14 @@ def main(argv: list[str] | None = None) -> None:
                 graphs_work = scope == "whole"
     report("nmt greedy", args, measure_nmt(args, 1, cuda_graphs="whole" if graphs_work else ""))
     argv = [*argv, "--peer-sizes", arch_sizes(args.arch)]  # every peer builds a model of --arch's sizes
-    theirs = "skipped (--skip-peer)" if args.skip_peer else run_peer(args, argv)
+    if args.skip_peer or args.tgt_len_from_source:
+        theirs = "skipped (--skip-peer)" if args.skip_peer else "skipped (not with --tgt-len-from-source)"
+    else:
+        theirs = run_peer(args, argv)
     report(f"hf beam{args.beam}", args, theirs)
     if not isinstance(theirs, str):
         print(f"ratio nmt/hf beam{args.beam}: {theirs / ours:.2f}x sentences/s")
-    if args.fairseq_peers and not args.skip_peer:
+    if args.fairseq_peers and not args.skip_peer and not args.tgt_len_from_source:
         same_weights = fairseq_peers(args, argv)
         for name, seconds in same_weights.items():
             report(name, args, seconds)

@@ -10,7 +10,9 @@
 # Output in $OUT (default benchmarks/out/gpu): summary.txt (each step's exit status,
 # seconds and result lines) and session.log (everything). BUDGET=seconds changes the
 # budget. WHEELS=dir installs the wheels in dir first, for a machine without network
-# that lacks a dependency (sacremoses, say).
+# that lacks a dependency (sacremoses, say). SOURCE_TEXT=file gives the varied-length
+# decoding step real sentence lengths (newstest2014's test.en, say); without it they
+# are random.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out/gpu}
@@ -41,6 +43,9 @@ else
     DECODE_LARGE_BATCH=512
     DECODE_BATCH=128
 fi
+# Outputs as long as their sources: sentences finish at different steps, batches vary in shape.
+VARIED="--tgt-len-from-source"
+[ -n "${SOURCE_TEXT:-}" ] && VARIED="$VARIED --source-text $SOURCE_TEXT"
 # The decoding benchmark runs Hugging Face in a python of its own; this one has it or not.
 PEER_PYTHON=$(command -v python3)
 
@@ -69,6 +74,8 @@ import torch
 print(\"# torch\", torch.__version__, \"cuda\", torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA device\")"'
 step tests 150 python3 -m pytest -q -ra tests/test_accelerator.py
+step decode_varied_lengths 120 python3 benchmarks/decode_throughput.py $DECODE $VARIED \
+    --batch-size "$DECODE_BATCH" --skip-peer
 step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DECODE \
     --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON" --profile
 step train_base 100 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings --systems nmt,torch,hf \

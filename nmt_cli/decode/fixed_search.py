@@ -98,6 +98,7 @@ class FixedSearch:
         self.decoder = decoder
         self.cfg = cfg
         self.workspaces: OrderedDict[tuple, Workspace] = OrderedDict()
+        self.steps_built = 0  # step functions made so far: on a GPU, each one a capture
 
     @torch.inference_mode()
     def generate(self, src_tokens: Tensor, max_target_positions: int) -> list[list[Hypothesis]]:
@@ -130,6 +131,7 @@ class FixedSearch:
                 if use_graph and ws.pool is None:
                     ws.pool = torch.cuda.graph_pool_handle()
                 ws.steps[capacity, parity] = GraphedCall(forward, src_tokens.device, use_graph, ws.pool)
+                self.steps_built += 1
             call = ws.steps[capacity, parity]
             call()
             self.decoder.check(call)
