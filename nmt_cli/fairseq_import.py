@@ -26,7 +26,7 @@ from nmt_cli.data.dictionary import SPECIALS
 from nmt_cli.errors import NmtError, where
 from nmt_cli.fairseq_pickle import PICKLE_MODULE, plain
 from nmt_cli.models.registry import build_model
-from nmt_cli.staging import create_staging, fingerprint, publish, refuse_inputs_inside
+from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 
 # ---------------------------------------------------------------------------
 # Arguments
@@ -448,7 +448,11 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     run_files = {"checkpoint.pt", "meta.json", src_dict_path.name, tgt_dict_path.name}
     run_files |= {"bpe.codes"} if cfg.bpe_codes is not None else set()
-    if out_dir_holds_import(cfg.out_dir, print_id, run_files, cfg.force):
+    already_there = check_destination(
+        cfg.out_dir, "--out", print_id, cfg.force, recorded_at=("imported_from", "fingerprint"), names=run_files,
+        others="files other than this import's (e.g. an nmt run, or another import)",
+    )
+    if already_there:
         return ImportResult(checkpoint_path, written=False)
     refuse_inputs_inside(inputs, cfg.out_dir, "--out")
     with malformed_checkpoint_as_error(cfg.checkpoint):
@@ -475,7 +479,8 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
         "num_updates": loaded.num_updates,
         "epoch": 0,
     }
-    write_run_dir(cfg.out_dir, copies, meta, state)
+    build_then_publish(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state),
+                       lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
     return ImportResult(checkpoint_path, written=True)
 
 
@@ -487,61 +492,12 @@ def _recorded_language(loaded: FairseqCheckpoint, key: str, path: Path) -> str |
     return value
 
 
-def out_dir_holds_import(out_dir: Path, print_id: str, run_files: set[str], force: bool) -> bool:
-    """True when `out_dir` holds exactly this import; NmtError when it holds anything else (without --force).
-
-    Writing into an nmt training run would replace its meta.json and dictionaries and
-    break it, so a directory that is not empty is only replaced when asked to.
-    """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NmtError(f"--out {out_dir} exists and is not a directory")
-    if not out_dir.exists() or not any(out_dir.iterdir()) or force:
-        return False
-    present = {path.name for path in out_dir.iterdir()}
-    if present == run_files and _recorded_fingerprint(out_dir / "meta.json") == print_id:
-        return True
-    raise NmtError(
-        f"--out {out_dir} already holds files other than this import's (e.g. an nmt run, or another import); "
-        "pass --force to replace the directory (deleting its files), or choose another --out"
-    )
-
-
-def _recorded_fingerprint(meta_path: Path) -> str | None:
-    """The fingerprint an import recorded in meta.json (None for any other meta.json)."""
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    origin = meta.get("imported_from") if isinstance(meta, dict) else None
-    return origin.get("fingerprint") if isinstance(origin, dict) else None
-
-
-def write_run_dir(out_dir: Path, copies: dict[str, Path], meta: dict[str, Any], state: dict[str, Any]) -> None:
-    """Build the run in a hidden sibling of `out_dir`, then move it into place: a failed or
-    killed import leaves the previous directory (or none), never a mix of old and new files."""
-    try:
-        staging = create_staging(out_dir)
-    except OSError as error:
-        raise NmtError(_write_failure(out_dir, error)) from None
-    try:
-        for name, source in copies.items():
-            shutil.copyfile(source, staging / name)
-        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        save_checkpoint(state, staging / "checkpoint.pt")
-        publish(staging, out_dir)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise NmtError(_write_failure(out_dir, error)) from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def _write_failure(out_dir: Path, error: OSError) -> str:
-    """One line for an OS error while writing the run (a full disk, an unwritable --out)."""
-    reason = error.strerror or str(error)
-    location = f": {error.filename}" if error.filename else ""
-    return f"cannot write --out {out_dir}: {reason}{location}"
+def write_run(run_dir: Path, copies: dict[str, Path], meta: dict[str, Any], state: dict[str, Any]) -> None:
+    """The imported run's files: the copied dictionaries (and BPE codes), meta.json, checkpoint.pt."""
+    for name, source in copies.items():
+        shutil.copyfile(source, run_dir / name)
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    save_checkpoint(state, run_dir / "checkpoint.pt")
 
 
 def infer_language_pair(data_bin: Path) -> tuple[str | None, str | None]:

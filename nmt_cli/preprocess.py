@@ -25,7 +25,7 @@ from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import check_destination, create_staging, fingerprint, publish, refuse_inputs_inside
+from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.clean import CleanSettings
 from nmt_cli.text.progress import StageReporter
@@ -95,33 +95,21 @@ def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResu
     refuse_inputs_inside(text_inputs(cfg, splits), cfg.destdir, "--destdir")
     line_counts = count_pairs(cfg, splits)
     print_id = dataset_fingerprint(cfg, splits)
-    if check_destination(cfg.destdir, print_id, cfg.force):
+    if check_destination(cfg.destdir, "--destdir", print_id, cfg.force):
         meta = json.loads((cfg.destdir / "meta.json").read_text(encoding="utf-8"))
         return PreprocessResult(meta, reporter.elapsed(), up_to_date=True)
-    try:
-        staging = create_staging(cfg.destdir)
-    except OSError as error:
-        raise NmtError(_write_failure(cfg.destdir, error)) from None
-    try:
+
+    def write(staging: Path) -> dict:
         meta = build_data_bin(cfg, splits, line_counts, staging, reporter)
         meta["fingerprint"] = print_id
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        publish(staging, cfg.destdir)
-    except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise NmtError(_write_failure(cfg.destdir, error)) from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        return meta
+
+    def describe(error: OSError) -> str:
+        return failure_line(f"preprocessing into --destdir {cfg.destdir}", error)
+
+    meta = build_then_publish(cfg.destdir, write, describe)
     return PreprocessResult(meta, reporter.elapsed(), up_to_date=False)
-
-
-def _write_failure(destdir: Path, error: OSError) -> str:
-    """One line for an OS error while building the data-bin (a full disk, an unwritable --destdir)."""
-    reason = error.strerror or str(error)
-    if error.filename:
-        return f"preprocessing into --destdir {destdir} failed: {reason}: {error.filename}"
-    return f"cannot write --destdir {destdir}: {reason}"
 
 
 def build_data_bin(

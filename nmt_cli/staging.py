@@ -15,7 +15,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from nmt_cli import __version__
 from nmt_cli.errors import NmtError
@@ -23,27 +23,70 @@ from nmt_cli.errors import NmtError
 PARTIAL = ".partial-"
 REPLACED = ".old-"
 
+T = TypeVar("T")
 
-def check_destination(dest: Path, print_id: str, force: bool) -> bool:
-    """True when `dest` already holds this exact dataset; raise if it holds another (without --force)."""
+
+def check_destination(dest: Path, flag: str, print_id: str, force: bool, *,
+                      recorded_at: tuple[str, ...] = ("fingerprint",), names: set[str] | None = None,
+                      others: str = "a different dataset (or other files)") -> bool:
+    """Whether the directory `dest` (given as `flag`) already holds the output `print_id`
+    identifies, so that there is nothing to do.
+
+    It does when its meta.json records `print_id` under the keys `recorded_at` and, with
+    `names`, it holds exactly the files `names`. False when `dest` is missing or empty, or
+    with --force (the caller replaces it); otherwise NmtError, saying that it holds
+    `others`: the output replaces the whole directory, so its files are only deleted
+    when asked to.
+    """
     if dest.exists() and not dest.is_dir():
-        raise NmtError(f"--destdir {dest} exists and is not a directory")
-    if not dest.exists() or not any(dest.iterdir()):
+        raise NmtError(f"{flag} {dest} exists and is not a directory")
+    if not dest.exists() or not any(dest.iterdir()) or force:
         return False
-    if force:
-        return False
-    meta_path = dest / "meta.json"
-    if meta_path.is_file():
-        try:
-            old = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            old = {}
-        if old.get("fingerprint") == print_id:
-            return True
+    same_files = names is None or {path.name for path in dest.iterdir()} == names
+    if same_files and _recorded(dest / "meta.json", recorded_at) == print_id:
+        return True
     raise NmtError(
-        f"--destdir {dest} already holds a different dataset (or other files); "
-        "pass --force to replace it, or choose another --destdir"
+        f"{flag} {dest} already holds {others}; "
+        f"pass --force to replace the directory (deleting its files), or choose another {flag}"
     )
+
+
+def _recorded(meta_path: Path, keys: tuple[str, ...]) -> Any:
+    """The value at `keys` of the JSON object in `meta_path`; None when there is none."""
+    try:
+        value = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callable[[OSError], str]) -> T:
+    """`write(staging)` into a fresh hidden sibling of `dest`, then move it into place: a
+    failed or killed run leaves the previous `dest` (or none), never a mix of old and new
+    files. An OSError (a full disk, an unwritable parent) becomes NmtError(describe(error))."""
+    try:
+        staging = create_staging(dest)
+    except OSError as error:
+        raise NmtError(describe(error)) from None
+    try:
+        result = write(staging)
+        publish(staging, dest)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise NmtError(describe(error)) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return result
+
+
+def failure_line(action: str, error: OSError) -> str:
+    """One line for an OS error (a full disk, an unwritable directory) that stopped `action`."""
+    reason = error.strerror or str(error)
+    location = f": {error.filename}" if error.filename else ""
+    return f"{action} failed: {reason}{location}"
 
 
 def fingerprint(settings: dict[str, Any], files: Iterable[Path]) -> str:

@@ -153,6 +153,15 @@ def test_destdir_is_replaced_only_with_force(corpus: Path) -> None:
     assert sorted(p.name for p in corpus.iterdir() if p.name.startswith(".")) == []
 
 
+@pytest.mark.parametrize("meta", [b"[]", b'{"fingerprint": 7}', b"\xff", b"{"])
+def test_destdir_with_a_foreign_meta_json_is_refused(corpus: Path, meta: bytes) -> None:
+    (corpus / "data-bin").mkdir()
+    (corpus / "data-bin" / "meta.json").write_bytes(meta)
+    with pytest.raises(NmtError, match="already holds a different dataset"):
+        run(config(corpus))
+    assert (corpus / "data-bin" / "meta.json").read_bytes() == meta
+
+
 def test_failed_run_leaves_no_destdir(corpus: Path) -> None:
     Path(f"{corpus / 'test'}.de").write_bytes(b"ok\n" * 29 + b"\xc3\x28\n")
     with pytest.raises(NmtError, match=r"test\.de:30"):
