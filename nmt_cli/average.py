@@ -151,6 +151,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
 def average(cfg: AverageConfig) -> list[Path]:
     """Average the checkpoints that `cfg` selects and write the result to `cfg.output`; return the inputs."""
     paths = select_checkpoints(cfg)
+    # Names, not file identities: the output is renamed into place, so it replaces the
+    # file of its real path and leaves other hard links to that file as they were.
     # realpath, unlike Path.resolve, does not raise on a loop of links (loading says so).
     real = [os.path.realpath(p) for p in paths]
     repeated = next((p for p, r in zip(paths, real) if real.count(r) > 1), None)
