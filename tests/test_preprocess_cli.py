@@ -209,6 +209,20 @@ def test_learn_bpe_options_and_stdin(tmp_path: Path) -> None:
     assert (tmp_path / "m.model").read_bytes() == from_stdin
 
 
+def test_bpe_learning_options_without_bpe_learning_are_warned_about(raw: Path) -> None:
+    learned = nmt(*preprocess_args(raw, "learned"))
+    assert learned.exit_code == 0 and "warning" not in learned.stderr, learned.output
+    reused = nmt(*preprocess_args(raw, "reused", "--bpe-model", raw / "learned" / "bpe.model"))
+    assert reused.exit_code == 0, reused.output
+    assert [l for l in reused.stderr.splitlines() if "warning" in l] == [
+        "warning: --bpe-size is ignored: --bpe-model gives the BPE model"]
+    unsegmented = nmt(*preprocess_args(raw, "unsegmented", "--bpe", "none", "--bpe-seed", "3"))
+    assert unsegmented.exit_code == 0, unsegmented.output
+    assert [l for l in unsegmented.stderr.splitlines() if "warning" in l] == [
+        "warning: --bpe-size is ignored: --bpe none learns no BPE",
+        "warning: --bpe-seed is ignored: --bpe none learns no BPE"]
+
+
 def test_bad_bpe_model_is_named_as_given(raw: Path) -> None:
     junk = write(raw / "afile", ["not a model"])
     result = nmt(*preprocess_args(raw, "data-bin", "--bpe-model", junk))

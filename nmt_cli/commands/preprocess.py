@@ -23,6 +23,16 @@ def _prefixes(flag: str, value: str | None) -> tuple[Path, ...]:
     return tuple(Path(p) for p in prefixes)
 
 
+def _ignored_bpe_options(ctx: click.Context, bpe: str, bpe_model: str | None) -> list[str]:
+    """Warnings for options of BPE learning given on the command line when none is learned."""
+    if bpe == "sentencepiece" and bpe_model is None:
+        return []
+    reason = "--bpe none learns no BPE" if bpe == "none" else "--bpe-model gives the BPE model"
+    given = [name for name in ("bpe_size", "bpe_sample", "bpe_seed")
+             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
+    return [f"warning: --{name.replace('_', '-')} is ignored: {reason}" for name in given]
+
+
 def _optional_path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
@@ -103,6 +113,8 @@ def preprocess(
         bpe_seed=bpe_seed, separate_bpe=separate_bpe, bpe_model=_optional_path(bpe_model), min_len=min_len,
         max_len=max_len, max_ratio=max_ratio, force=force,
     )
+    for line in _ignored_bpe_options(click.get_current_context(), bpe, bpe_model):
+        click.echo(line, err=True)
     result = run_preprocess(cfg, StageReporter())
     for line in summary_lines(result):
         click.echo(line)
