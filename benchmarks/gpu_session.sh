@@ -80,9 +80,10 @@ step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DEC
     --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON" --profile
 step train_base 100 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings --systems nmt,torch,hf \
     --profile
-step train_big 80 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings --systems nmt,hf
+step train_big 80 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings --systems nmt,hf \
+    --profile
 step decode_batch_$DECODE_LARGE_BATCH 60 python3 benchmarks/decode_throughput.py $DECODE \
-    --batch-size "$DECODE_LARGE_BATCH" --skip-peer
+    --batch-size "$DECODE_LARGE_BATCH" --skip-peer --profile
 step train_base_compiled 150 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings \
     --systems nmt,torch --compile
 rm -f "$OUT/.step"
