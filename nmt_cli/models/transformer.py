@@ -257,7 +257,8 @@ class Transformer(nn.Module):
     def _log_probs(self, hidden: Tensor) -> Tensor:
         """Last hidden states (N, D) -> float32 log-probabilities (N, V)."""
         logits = vocabulary_logits(hidden, self.decoder.output_projection.weight)
-        return F.log_softmax(logits.float(), dim=-1)
+        # dtype= reads bf16/fp16 logits directly: no float32 copy of them is written first.
+        return F.log_softmax(logits, dim=-1, dtype=torch.float32)
 
     def prepare_static_step(self, cache: dict) -> None:
         """Make room in `cache` (and the position table) for the next token, on the host,
