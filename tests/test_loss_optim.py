@@ -100,6 +100,21 @@ def test_bf16_logits_keep_float32_loss() -> None:
     assert loss16.item() == pytest.approx(loss32.item(), rel=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_gradient_is_the_float32_one_rounded_once(monkeypatch, dtype: torch.dtype) -> None:
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 50)  # several chunks
+    B, T, V = 3, 7, 40
+    logits = (torch.randn(B, T, V, generator=torch.Generator().manual_seed(4)) * 4).to(dtype)
+    target = target_with_pads(B, T, V, seed=5)
+    grads = []
+    for x in (logits.clone().requires_grad_(True), logits.float().requires_grad_(True)):
+        loss, _ = label_smoothed_nll_loss(x, target, 0.1, PAD)
+        (loss * 0.3).backward()
+        grads.append(x.grad)
+    assert grads[0].dtype == dtype
+    assert torch.equal(grads[0], grads[1].to(dtype))
+
+
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])
 def test_optimizer_steps_follow_the_adamw_formula(weight_decay: float) -> None:
     gen = torch.Generator().manual_seed(0)

@@ -56,17 +56,21 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         step = _rows_per_chunk(V)
         for start in range(0, N, step):
             rows = slice(start, start + step)
+            targets = target[rows].unsqueeze(1)  # (n, 1)
             a, b = grad_nll[rows].unsqueeze(1), grad_smooth[rows].unsqueeze(1)  # (n, 1)
+            scale = a + V * b
             if logits.dtype == torch.float32:
-                # Straight into the gradient, finished in place: no (n, V) temporaries,
+                # Straight into the gradient and finished there: no (n, V) temporaries,
                 # each of which would cost a pass over memory (and fresh pages on a CPU).
-                chunk = torch.softmax(logits[rows], dim=-1, out=grad[rows])
+                probs = torch.softmax(logits[rows], dim=-1, out=grad[rows])
             else:
-                chunk = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
-            chunk.mul_(a + V * b).sub_(b)
-            chunk.scatter_add_(1, target[rows].unsqueeze(1), -a)
-            if chunk.dtype != grad.dtype:
-                grad[rows].copy_(chunk)
+                probs = torch.softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
+            # The targets' entries (p a + p V b - b - a), from probs before they are overwritten.
+            at_targets = probs.gather(1, targets).mul_(scale).sub_(b).sub_(a)  # (n, 1)
+            # Every entry as p (a + V b) - b in one pass over memory, written in the
+            # gradient's dtype: a bf16 gradient needs no float32 copy of its own.
+            torch.addcmul(-b, probs, scale, out=grad[rows])
+            grad[rows].scatter_(1, targets, at_targets.to(grad.dtype))
         return grad, None
 
 
