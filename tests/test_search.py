@@ -18,7 +18,7 @@ import torch
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
-from nmt_cli.decode.search import beam_candidates, generate
+from nmt_cli.decode.search import beam_candidates, force_eos, generate
 from nmt_cli.errors import NmtError
 
 INF = math.inf
@@ -404,3 +404,13 @@ def test_ensemble_with_different_dictionaries_is_an_error():
     other = (same[0], ["<s>", "<pad>", "</s>", "<unk>", "y"])
     with pytest.raises(NmtError, match=r"b\.pt.*target dictionaries differ.*id 4 is 'x' vs 'y'"):
         check_same_dictionaries(["a.pt", "b.pt"], [same, other])
+
+
+def test_force_eos_leaves_only_eos_in_the_marked_rows() -> None:
+    lprobs = torch.randn(5, 9, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    at_max = torch.tensor([True, False, False, True, False])
+    expected = lprobs.clone()
+    for row in (0, 3):
+        expected[row] = -math.inf
+        expected[row, EOS_ID] = lprobs[row, EOS_ID]
+    assert force_eos(lprobs.clone(), at_max).equal(expected)

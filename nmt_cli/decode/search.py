@@ -110,9 +110,13 @@ def penalize(lprobs: Tensor, cfg: DecodeConfig) -> Tensor:
 
 def force_eos(lprobs: Tensor, at_max: Tensor) -> Tensor:
     """Only `</s>` stays allowed in the rows marked by at_max (N,) (in place)."""
-    # No `not_eos[EOS_ID] = False`: on CUDA that copies a host scalar, which a graph cannot capture.
-    not_eos = torch.arange(lprobs.size(1), device=lprobs.device).ne(EOS_ID)
-    return lprobs.masked_fill_(at_max.unsqueeze(1) & not_eos.unsqueeze(0), -math.inf)
+    # The marked rows are filled whole and their `</s>` put back: a mask of the rows alone,
+    # broadcast, where a mask of every (row, token) would be written and read again at
+    # each step of a fixed-shape search. (Device ops only: a CUDA graph captures them.)
+    eos = lprobs[:, EOS_ID].clone()
+    lprobs.masked_fill_(at_max.unsqueeze(1), -math.inf)
+    lprobs[:, EOS_ID] = eos
+    return lprobs
 
 
 def block_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> None:
