@@ -434,6 +434,17 @@ def test_metrics_log_killed_while_cutting_keeps_every_record(tmp_path: Path, mon
     assert [p.name for p in tmp_path.iterdir()] == ["train_log.jsonl"]
 
 
+def test_metrics_log_removes_the_temporary_file_of_a_run_killed_while_cutting(tmp_path: Path) -> None:
+    path = tmp_path / "train_log.jsonl"
+    path.write_text('{"update": 0}\n')
+    leftover = tmp_path / ".train_log.jsonl.4194305.tmp"  # above Linux's largest pid: no such process
+    leftover.write_text('{"upd')
+    ours = tmp_path / f".train_log.jsonl.{os.getpid()}.tmp"  # a live process's: not ours to remove
+    ours.write_text("")
+    MetricsLog(path, enabled=True, keep_records=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, ours.name])
+
+
 def test_help_documents_every_option() -> None:
     result = CliRunner().invoke(main, ["train", "--help"])
     assert result.exit_code == 0
