@@ -386,7 +386,6 @@ class AverageConfig:
 
 # --- training (nmt train) ----------------------------------------------------------------
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")
 BEST_CHECKPOINT_METRICS = ("loss", "nll")
 

@@ -39,9 +39,10 @@ def nmt(*args: str):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def preprocess_args(root: Path, destdir: str = "data-bin", *extra: str) -> list[str]:
+def preprocess_args(root: Path, destdir: str = "data-bin", *extra: str, bpe_size: str | None = "150") -> list[str]:
     return ["preprocess", "-s", "en", "-t", "de", "--trainpref", root / "train", "--validpref", root / "valid",
-            "--testpref", root / "test", "--destdir", root / destdir, "--joined-dictionary", "--bpe-size", "150", *extra]
+            "--testpref", root / "test", "--destdir", root / destdir, "--joined-dictionary",
+            *(["--bpe-size", bpe_size] if bpe_size else []), *extra]
 
 
 def assert_one_error(result, *fragments: str) -> None:
@@ -225,7 +226,7 @@ def test_bpe_learning_options_without_bpe_learning_are_warned_about(raw: Path) -
 
 def test_bad_bpe_model_is_named_as_given(raw: Path) -> None:
     junk = write(raw / "afile", ["not a model"])
-    result = nmt(*preprocess_args(raw, "data-bin", "--bpe-model", junk))
+    result = nmt(*preprocess_args(raw, "data-bin", "--bpe-model", junk, bpe_size=None))
     assert_one_error(result, f"not a sentencepiece model: {junk}")
     assert ".partial" not in result.stderr and not (raw / "data-bin").exists()
 
@@ -267,7 +268,7 @@ def test_multi30k_subset_end_to_end(tmp_path: Path) -> None:
         for lang in ("en", "de"):
             lines = (MULTI30K / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
             write(tmp_path / f"{split}.{lang}", lines)
-    result = nmt(*preprocess_args(tmp_path, "data-bin", "--workers", "2")[:-2], "--bpe-size", "1000")
+    result = nmt(*preprocess_args(tmp_path, "data-bin", "--workers", "2", bpe_size="1000"))
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "data-bin" / "meta.json").read_text())
     assert meta["counts"]["test"]["sentences"] == 300
