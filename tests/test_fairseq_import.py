@@ -27,12 +27,8 @@ from nmt_cli.config import DecodeConfig, ModelConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.decode.search import generate
 from nmt_cli.errors import NmtError
-from nmt_cli.fairseq_import import (
-    load_fairseq_checkpoint,
-    malformed_checkpoint_as_error,
-    model_config_from_args,
-    read_fairseq_dictionary,
-)
+from nmt_cli.fairseq_checkpoint import load_fairseq_checkpoint, malformed_checkpoint_as_error, model_config_from_args
+from nmt_cli.fairseq_import import read_fairseq_dictionary
 from nmt_cli.models.registry import build_model
 from nmt_cli.text.pipeline import TextPipeline
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
