@@ -423,11 +423,10 @@ def guarded(measure) -> float | str:
         return f"failed: {type(error).__name__}: {reason}"[:300]
 
 
-def report(name: str, args: argparse.Namespace, seconds: float | str) -> None:
+def report(name: str, args: argparse.Namespace, seconds: float | str, target_tokens: int) -> None:
     if isinstance(seconds, str):
         print(f"{name:<27} {seconds}")
         return
-    target_tokens = sum(output_lengths(args, [len(row) for row in source_sentences(args)]))
     print(f"{name:<27} {args.sentences} sentences in {seconds:7.2f} s: {args.sentences / seconds:8.1f} sentences/s "
           f"{target_tokens / seconds:9.0f} target tokens/s")
 
@@ -458,31 +457,32 @@ def main(argv: list[str] | None = None) -> None:
     each = "as many target tokens as source tokens" if args.tgt_len_from_source else f"{args.tgt_len}+1 target tokens"
     print(f"# {args.arch} sizes, vocab {args.vocab}, {args.sentences} sentences, batch {args.batch_size}, "
           f"beam {args.beam}, {each} each, {args.device} {args.precision}, {torch.get_num_threads()} threads")
+    target_tokens = sum(output_lengths(args, [len(row) for row in source_sentences(args)]))
     ours = ours_eager = measure_nmt(args, args.beam)
-    report(f"nmt beam{args.beam}", args, ours)
+    report(f"nmt beam{args.beam}", args, ours, target_tokens)
     graphs_work = False
     if args.cuda_graphs:
         # The model's step alone in a graph, then the whole step (translate --cuda-graphs).
         for scope, name in (("model", "graphed model"), ("whole", "--cuda-graphs")):
             graphed = guarded(lambda: measure_nmt(args, args.beam, cuda_graphs=scope))
-            report(f"nmt beam{args.beam} {name}", args, graphed)
+            report(f"nmt beam{args.beam} {name}", args, graphed, target_tokens)
             if not isinstance(graphed, str):
                 print(f"ratio nmt {name} / nmt beam{args.beam}: {ours_eager / graphed:.2f}x sentences/s")
                 ours = min(ours, graphed)  # the peers are compared with the fastest nmt
                 graphs_work = scope == "whole"
-    report("nmt greedy", args, measure_nmt(args, 1, cuda_graphs="whole" if graphs_work else ""))
+    report("nmt greedy", args, measure_nmt(args, 1, cuda_graphs="whole" if graphs_work else ""), target_tokens)
     argv = [*argv, "--peer-sizes", arch_sizes(args.arch)]  # every peer builds a model of --arch's sizes
     if args.skip_peer or args.tgt_len_from_source:
         theirs = "skipped (--skip-peer)" if args.skip_peer else "skipped (not with --tgt-len-from-source)"
     else:
         theirs = run_peer(args, argv)
-    report(f"hf beam{args.beam}", args, theirs)
+    report(f"hf beam{args.beam}", args, theirs, target_tokens)
     if not isinstance(theirs, str):
         print(f"ratio nmt/hf beam{args.beam}: {theirs / ours:.2f}x sentences/s")
     if args.fairseq_peers and not args.skip_peer and not args.tgt_len_from_source:
         same_weights = fairseq_peers(args, argv)
         for name, seconds in same_weights.items():
-            report(name, args, seconds)
+            report(name, args, seconds, target_tokens)
         peers = {name: seconds for name, seconds in same_weights.items() if not name.startswith("nmt") and not isinstance(seconds, str)}
         if not isinstance(theirs, str):
             peers[f"hf beam{args.beam}"] = theirs

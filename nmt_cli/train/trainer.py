@@ -104,6 +104,16 @@ class Trainer:
                                   f"planned anew and its first {progress.batches_done} batches are skipped, so some of "
                                   "its sentences may be seen twice or not at all")
 
+    def _restart_best_if_metric_changed(self, before: dict[str, Any], progress: Progress) -> None:
+        """A best valid nll compared with valid losses would never be beaten (and --patience
+        would stop early), so another --best-checkpoint-metric starts the best over."""
+        metric = self.cfg.best_checkpoint_metric
+        previous = before.get("best_checkpoint_metric", metric)
+        if previous != metric and progress.best_metric is not None:
+            self.reporter.warning(f"--best-checkpoint-metric is now {metric} (was {previous}): "
+                                  "the best value and --patience start over")
+            progress.best_metric, progress.patience_counter = None, 0
+
     def _restore(self, resume: dict[str, Any] | None) -> Progress:
         engine, cfg = self.engine, self.cfg
         if resume is not None:
@@ -119,12 +129,7 @@ class Trainer:
             restore_rng(resume["rng"])
             previous_cfg = resume.get("train_config") or {}
             self._warn_if_epoch_replanned(previous_cfg, progress)
-            before = previous_cfg.get("best_checkpoint_metric", cfg.best_checkpoint_metric)
-            if before != cfg.best_checkpoint_metric and progress.best_metric is not None:
-                # A best valid nll compared with valid losses would never be beaten (and --patience would stop early).
-                self.reporter.warning(f"--best-checkpoint-metric is now {cfg.best_checkpoint_metric} (was {before}): "
-                                      "the best value and --patience start over")
-                progress.best_metric, progress.patience_counter = None, 0
+            self._restart_best_if_metric_changed(previous_cfg, progress)
             if cfg.finetune_from:
                 self.reporter.info(f"--finetune-from ignored: {self.save_dir / LAST} exists")
             self.reporter.info(f"resumed from {self.save_dir / LAST} at update {progress.num_updates}, epoch {progress.epoch}")
