@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from nmt_cli.data.indexed import IndexedDatasetBuilder
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
+from nmt_cli.train import loss as loss_module
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
@@ -90,7 +92,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_nmt(args, model_cfg: ModelConfig, device: torch.device) -> Result:
+def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: bool = False) -> Result:
+    """nmt's training step; `chunked_loss`: with the loss of a CPU (row chunks) in place of
+    its fused kernels, to measure what they gain."""
+    if chunked_loss:
+        with unittest.mock.patch.object(loss_module, "fused_kernels", lambda logits: None):
+            result = bench_nmt(args, model_cfg, device)
+        return Result(result.name + " (chunked loss)", result.tokens_per_s, result.peak_mem_gib)
     if device.type == "cpu":
         keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
     with tempfile.TemporaryDirectory() as tmp:
@@ -278,6 +286,8 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
         results.append(bench_nmt(args, model_cfg, device))
         if device.type == "cpu":  # measured first in this process, so the process peak is nmt's
             results[-1].peak_mem_gib = process_peak_rss_gib()
+        if args.chunked_loss:
+            results.append(bench_nmt(args, model_cfg, device, chunked_loss=True))
     if "torch" in systems:
         torch.manual_seed(0)
         results.append(bench_baseline("torch.nn.Transformer", TorchNNSeq2Seq(model_cfg, args.vocab, args.seq_len + 1), args, device))
@@ -321,6 +331,8 @@ def main() -> None:
     parser.add_argument("--dropout", type=float, default=None, help="override the preset's dropout")
     parser.add_argument("--profile", action="store_true",
                         help="print nmt's top operators (torch.profiler, stderr) and how busy the device is per update")
+    parser.add_argument("--chunked-loss", action="store_true",
+                        help="also measure nmt with the CPU's chunked loss instead of its fused GPU kernels")
     parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
     parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
@@ -359,8 +371,10 @@ def main() -> None:
     if len(results) > 1 and results[0].name.startswith("nmt"):
         ratios = ", ".join(f"{results[0].tokens_per_s / r.tokens_per_s:.2f}x {r.name}" for r in results[1:])
         print(f"ratio: nmt = {ratios}")
-        best = max(results[1:], key=lambda r: r.tokens_per_s)
-        print(f"ratio nmt / best peer ({best.name}): {results[0].tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
+        peers = [r for r in results if not r.name.startswith("nmt")]
+        if peers:
+            best = max(peers, key=lambda r: r.tokens_per_s)
+            print(f"ratio nmt / best peer ({best.name}): {results[0].tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
 
 
 if __name__ == "__main__":

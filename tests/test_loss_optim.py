@@ -40,6 +40,17 @@ def target_with_pads(B: int, T: int, V: int, seed: int) -> torch.Tensor:
     return target
 
 
+def reference_gradient(logits: torch.Tensor, target: torch.Tensor, eps: float, scale: float) -> torch.Tensor:
+    """Autograd of the direct formula in float64."""
+    reference = logits.detach().double().requires_grad_(True)
+    logp = torch.log_softmax(reference, dim=-1)
+    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    eps_i = eps / (logits.size(-1) - 1)
+    ref_loss = (((1 - eps - eps_i) * nll - eps_i * logp.sum(-1)) * (target != PAD).double()).sum()
+    (ref_grad,) = torch.autograd.grad(ref_loss * scale, reference)
+    return ref_grad
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
 def test_loss_matches_naive_reference(eps: float) -> None:
     B, T, V = 3, 5, 11
@@ -71,15 +82,7 @@ def test_gradient_matches_autograd_of_direct_formula(monkeypatch, dtype: torch.d
     loss, _ = label_smoothed_nll_loss(logits, target, eps, PAD)
     (grad,) = torch.autograd.grad(loss * 0.7, logits)
     assert grad.dtype == dtype
-
-    reference = logits.detach().double().requires_grad_(True)
-    logp = torch.log_softmax(reference, dim=-1)
-    mask = (target != PAD).double()
-    nll = -logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    smooth = -logp.sum(-1)
-    eps_i = eps / (V - 1)
-    ref_loss = (((1 - eps - eps_i) * nll + eps_i * smooth) * mask).sum()
-    (ref_grad,) = torch.autograd.grad(ref_loss * 0.7, reference)
+    ref_grad = reference_gradient(logits, target, eps, 0.7)
     # The softmax is float32 whatever the logits: gradients are good to float32 rounding.
     torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-5, atol=1e-6)
     assert (grad[target == PAD] == 0).all()
@@ -113,6 +116,46 @@ def test_low_precision_gradient_is_the_float32_one_rounded_once(monkeypatch, dty
         grads.append(x.grad)
     assert grads[0].dtype == dtype
     assert torch.equal(grads[0], grads[1].to(dtype))
+
+
+def use_uncompiled_fused_path(monkeypatch) -> None:
+    """The fused path's own formulas, run eagerly: what a CUDA device runs compiled."""
+    monkeypatch.setattr(loss_module, "fused_kernels", lambda logits: (loss_module.fused_terms, loss_module.fused_grad))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_formulas_match_the_reference(monkeypatch, dtype: torch.dtype) -> None:
+    use_uncompiled_fused_path(monkeypatch)
+    B, T, V, eps = 3, 5, 13, 0.1
+    logits = (torch.randn(B, T, V, generator=torch.Generator().manual_seed(7)) * 4).to(dtype).requires_grad_(True)
+    target = target_with_pads(B, T, V, seed=8)
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, PAD)
+    (loss * 0.7).backward()
+    ref_loss, ref_nll = naive_loss(logits.detach().double(), target, eps)
+    assert loss.item() == pytest.approx(ref_loss, rel=1e-6) and nll.item() == pytest.approx(ref_nll, rel=1e-6)
+    assert logits.grad.dtype == dtype
+    ref_grad = reference_gradient(logits, target, eps, 0.7)
+    # bf16: the float32 gradient rounded once (8 bits of mantissa).
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 1e-5}
+    torch.testing.assert_close(logits.grad.double(), ref_grad, **tolerance)
+    assert (logits.grad[target == PAD] == 0).all()
+
+
+def test_a_fused_loss_that_cannot_compile_falls_back_to_the_chunked_one(monkeypatch) -> None:
+    def cannot_compile(*args):
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(loss_module, "fused_kernels", lambda logits: (cannot_compile, cannot_compile))
+    monkeypatch.setattr(loss_module, "_compile_failed", False)
+    B, T, V = 2, 4, 9
+    logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(9), requires_grad=True)
+    target = target_with_pads(B, T, V, seed=10)
+    with pytest.warns(UserWarning, match="fused loss could not be compiled.*no C compiler"):
+        loss, _ = label_smoothed_nll_loss(logits, target, 0.1, PAD)
+    loss.backward()
+    assert loss_module._compile_failed
+    assert loss.item() == pytest.approx(naive_loss(logits.detach().double(), target, 0.1)[0], rel=1e-6)
+    torch.testing.assert_close(logits.grad.double(), reference_gradient(logits, target, 0.1, 1.0), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.01])

@@ -10,13 +10,25 @@ i.e. the target keeps probability mass 1 - eps and every other symbol gets eps /
 (fairseq's current formula). Pad positions contribute nothing. Losses are *sums* over
 tokens; the trainer divides by the number of target tokens of the whole update.
 
-In eager mode the computation never materialises a float32 copy of the (B, T, V) logits:
-it works in float32 on row chunks and recomputes the softmax in the backward pass, so
-under bf16 autocast the only (B, T, V) tensors are the bf16 logits and their bf16
-gradient. Under torch.compile the plain formula is used and the compiler fuses it.
+In eager mode the computation never materialises a float32 copy of the (B, T, V) logits,
+so under bf16 autocast the only (B, T, V) tensors are the bf16 logits and their bf16
+gradient, and the backward pass recomputes the softmax:
+
+* on a CUDA device (with Triton), two small compiled functions do the work: the forward
+  pass reads the logits and keeps each row's log-normaliser, the backward pass reads the
+  logits once and writes the gradient once. Unfused, the same work moves about three
+  times the memory, and a GPU update is bound by memory traffic here;
+* elsewhere it works in float32 on row chunks.
+
+When the whole model is compiled (`--compile`), the plain formula is used and the
+compiler fuses it with the rest.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -28,12 +40,78 @@ def _rows_per_chunk(vocab_size: int) -> int:
     return max(1, CHUNK_ELEMENTS // vocab_size)
 
 
+def fused_terms(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row float32 (nll, smooth, log_z) of logits (N, V), log_z the log-normaliser.
+
+    With log p_v = z_v - log_z: nll = log_z - z_t and smooth = V log_z - sum_v z_v.
+    Written for the compiler, which reads the logits without a float32 copy.
+    """
+    z = logits.float()
+    log_z = torch.logsumexp(z, dim=-1)  # (N,)
+    nll = log_z - z.gather(1, target.unsqueeze(1)).squeeze(1)
+    smooth = z.size(1) * log_z - z.sum(dim=-1)
+    return nll, smooth, log_z
+
+
+def fused_grad(logits: torch.Tensor, target: torch.Tensor, log_z: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """d/dz (a nll + b smooth) = (a + V b) p_v - b - a [v = t], in the logits' dtype.
+
+    a, b (N,) are the incoming gradients of each row's nll and smooth terms. Written for
+    the compiler, which makes it one pass: read the logits, write the gradient.
+    """
+    V = logits.size(1)
+    probs = torch.exp(logits.float() - log_z.unsqueeze(1))  # (N, V)
+    is_target = torch.arange(V, device=logits.device).unsqueeze(0) == target.unsqueeze(1)  # (N, V)
+    grad = probs * (a + V * b).unsqueeze(1) - b.unsqueeze(1) - torch.where(is_target, a.unsqueeze(1), 0.0)
+    return grad.to(logits.dtype)
+
+
+FusedKernels = tuple[Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]], Callable[..., torch.Tensor]]
+_compiled: FusedKernels | None = None
+_compile_failed = False
+
+
+def fused_kernels(logits: torch.Tensor) -> FusedKernels | None:
+    """`fused_terms` and `fused_grad` compiled, for logits on a CUDA device where Triton
+    is installed; None elsewhere or once compiling them has failed."""
+    global _compiled
+    if _compile_failed or not logits.is_cuda or importlib.util.find_spec("triton") is None:
+        return None
+    if _compiled is None:
+        # torch.compile's default: the second number of rows it sees makes it compile once
+        # more, for any number of rows, while the vocabulary size stays a constant of the
+        # kernels (their index arithmetic divides by it).
+        _compiled = (torch.compile(fused_terms), torch.compile(fused_grad))
+    return _compiled
+
+
+def _run_fused(kernel: Callable, *args: torch.Tensor):
+    """`kernel(*args)`, or None after a warning if it could not be compiled (no C compiler
+    for Triton, say): the loss then takes its chunked path, slower but the same."""
+    global _compile_failed
+    try:
+        return kernel(*args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as error:  # what the compiler raises varies with its version
+        if not _compile_failed:
+            warnings.warn(f"the fused loss could not be compiled, using the chunked one: {error}", stacklevel=2)
+        _compile_failed = True
+        return None
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Per-row (nll, smooth) terms from logits, with a chunked memory-light backward."""
+    """Per-row (nll, smooth) terms from logits, with a memory-light backward."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor):
         # logits (N, V) any float dtype; target (N,) int64
+        kernels = fused_kernels(logits)
+        terms = _run_fused(kernels[0], logits, target) if kernels is not None else None
+        if terms is not None:
+            nll, smooth, log_z = terms
+            ctx.save_for_backward(logits, target, log_z)
+            return nll, smooth
         N, V = logits.shape
         nll = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,) -log p[t]
         smooth = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,) -sum_v log p[v]
@@ -50,7 +128,12 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_nll: torch.Tensor, grad_smooth: torch.Tensor):
         # With a, b the incoming gradients of a row's nll and smooth terms:
         # d/dz_v (a * nll + b * smooth) = (a + V b) p_v - a [v = t] - b.
-        logits, target = ctx.saved_tensors
+        logits, target, *log_z = ctx.saved_tensors
+        kernels = fused_kernels(logits) if log_z else None  # log_z: the forward pass was fused
+        if kernels is not None:
+            grad = _run_fused(kernels[1], logits, target, log_z[0], grad_nll, grad_smooth)
+            if grad is not None:
+                return grad, None
         N, V = logits.shape
         grad = torch.empty_like(logits)
         step = _rows_per_chunk(V)
