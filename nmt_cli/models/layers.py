@@ -122,10 +122,15 @@ class LearnedPositions(nn.Module):
         return self.weight.index_select(0, position.view(1) + (self.padding_idx + 1)).unsqueeze(0)
 
 
-def split_heads(x: Tensor, parts: int, num_heads: int) -> Tensor:
-    """(B, T, parts * D) -> (B, parts, H, T, Dh)."""
+def split_heads(x: Tensor, parts: int, num_heads: int) -> tuple[Tensor, ...]:
+    """(B, T, parts * D) -> `parts` views (B, H, T, Dh) of x.
+
+    Unbinding before transposing lets the backward pass stack the parts' gradients
+    straight into x's layout; a stack in (B, parts, H, T, Dh) order would need a second
+    copy to become x's gradient.
+    """
     B, T, _ = x.shape
-    return x.view(B, T, parts, num_heads, -1).permute(0, 2, 3, 1, 4)
+    return tuple(part.transpose(1, 2) for part in x.view(B, T, parts, num_heads, -1).unbind(2))
 
 
 def merge_heads(x: Tensor) -> Tensor:
@@ -191,7 +196,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
         """Full-sequence attention: x (B, T, D) -> (B, T, D)."""
-        q, k, v = split_heads(self.in_proj(x), 3, self.num_heads).unbind(1)  # each (B, H, T, Dh)
+        q, k, v = split_heads(self.in_proj(x), 3, self.num_heads)  # each (B, H, T, Dh)
         dropout = self.attention_dropout if self.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout, is_causal=is_causal)
         return self.out_proj(merge_heads(out))
@@ -254,18 +259,19 @@ class CrossAttention(nn.Module):
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
-    def project_kv(self, memory: Tensor) -> Tensor:
-        """Encoder output (B, S, D) -> keys and values (B, 2, H, S, Dh)."""
-        return split_heads(self.kv_proj(memory), 2, self.num_heads)
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder output (B, S, D) -> keys and values, (B, H, S, Dh) each."""
+        k, v = split_heads(self.kv_proj(memory), 2, self.num_heads)
+        return k, v
 
-    def forward(self, x: Tensor, kv: Tensor, attn_mask: Tensor) -> Tensor:
-        """x (B, T, D), kv (B, 2, H, S, Dh), attn_mask (B, 1, 1, S) -> (B, T, D).
+    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], attn_mask: Tensor) -> Tensor:
+        """x (B, T, D), kv from `project_kv`, attn_mask (B, 1, 1, S) -> (B, T, D).
 
         attn_mask is bool (True where allowed) or additive float in x's dtype.
         """
-        q = split_heads(self.q_proj(x), 1, self.num_heads)[:, 0]  # (B, H, T, Dh)
+        (q,) = split_heads(self.q_proj(x), 1, self.num_heads)  # (B, H, T, Dh)
         dropout = self.attention_dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, kv[:, 0], kv[:, 1], attn_mask=attn_mask, dropout_p=dropout)
+        out = F.scaled_dot_product_attention(q, *kv, attn_mask=attn_mask, dropout_p=dropout)
         return self.out_proj(merge_heads(out))
 
     def forward_cached(self, x: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor) -> Tensor:
@@ -278,7 +284,7 @@ class CrossAttention(nn.Module):
         """
         rows, n, D = x.shape
         B = k.size(0)
-        q = split_heads(self.q_proj(x).view(B, rows // B * n, D), 1, self.num_heads)[:, 0]  # (B, H, K*n, Dh)
+        (q,) = split_heads(self.q_proj(x).view(B, rows // B * n, D), 1, self.num_heads)  # (B, H, K*n, Dh)
         out = few_query_attention(q, k, v, attn_mask)
         return self.out_proj(merge_heads(out)).view(rows, n, D)
 
@@ -353,9 +359,9 @@ class DecoderLayer(nn.Module):
         self.fc2 = _linear(ffn_dim, dim)
         self.final_layer_norm = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, cross_kv: Tensor, cross_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], cross_mask: Tensor) -> Tensor:
         """Teacher forcing: x (B, T, D), a whole right-padded target prefix -> (B, T, D);
-        cross_kv (B, 2, H, S, Dh), cross_mask (B, 1, 1, S)."""
+        cross_kv from `encoder_attn.project_kv`, cross_mask (B, 1, 1, S)."""
         w = self.wiring
         h = self.self_attn(w.before(x, self.self_attn_layer_norm), None, True)
         x = w.after(h, x, self.self_attn_layer_norm)
