@@ -9,8 +9,9 @@ Throughput counts tgt-len + 1 target tokens per sentence.
 With --tgt-len-from-source (nmt alone) each output is instead forced to as many tokens
 as its source (max_len_a 1, max_len_b 0, min_len above every maximum), so that, as in
 real translation, the sentences of a batch finish at different steps and batches have
-many shapes. That is the workload that decides whether `--cuda-graphs` pays for its
-captures: it prints how many step graphs it built.
+many shapes. That is the workload that shows whether CUDA graphs pay for their
+captures (translate replays its steps as graphs by default on a GPU): it prints how many
+step graphs it built.
 
     python benchmarks/decode_throughput.py                      # CPU, transformer_small, 200 sentences
     python benchmarks/decode_throughput.py --device cuda --precision bf16 --batch-size 128 --cuda-graphs
@@ -178,7 +179,7 @@ def as_nmt_translate(args: argparse.Namespace) -> None:
 
 def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> float:
     """Seconds for nmt's search; cuda_graphs "model": the model's step replayed as a CUDA
-    graph, "whole": model and search together (what translate --cuda-graphs does)."""
+    graph, "whole": model and search together (what translate does on a GPU)."""
     import torch
 
     from nmt_cli.decode.fixed_search import FixedSearch
@@ -190,7 +191,7 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
     torch.manual_seed(args.seed)
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
     model = build_model(cfg, args.vocab, args.vocab).to(args.device).eval()
-    # As translate --cuda-graphs; on a CPU the same fixed-shape steps run without graphs.
+    # As translate on a GPU; on a CPU the same fixed-shape steps run without graphs.
     capture_failures: list[str] = []
     decoder = model
     if cuda_graphs:
@@ -462,7 +463,7 @@ def main(argv: list[str] | None = None) -> None:
     report(f"nmt beam{args.beam}", args, ours, target_tokens)
     graphs_work = False
     if args.cuda_graphs:
-        # The model's step alone in a graph, then the whole step (translate --cuda-graphs).
+        # The model's step alone in a graph, then the whole step (translate on a GPU).
         for scope, name in (("model", "graphed model"), ("whole", "--cuda-graphs")):
             graphed = guarded(lambda: measure_nmt(args, args.beam, cuda_graphs=scope))
             report(f"nmt beam{args.beam} {name}", args, graphed, target_tokens)

@@ -180,7 +180,8 @@ class TranslateConfig:
     threads: int | None = None
     precision: str = "fp32"
     # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only.
-    cuda_graphs: bool = False
+    # None: on with a CUDA device, where it decodes several times faster.
+    cuda_graphs: bool | None = None
     errors: str = "strict"
     quiet: bool = False
 

@@ -85,9 +85,9 @@ def _default_device() -> str:
 @click.option("--threads", type=int, default=None, help="CPU threads for the model [default: torch's].")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
               help="bf16/fp16 run the model under autocast (fp16 on cuda only); search stays in fp32.")
-@click.option("--cuda-graphs", is_flag=True,
+@click.option("--cuda-graphs/--no-cuda-graphs", default=None,
               help="Replay each decoding step (model and search) as one CUDA graph: one launch instead of "
-                   "hundreds of small kernels (cuda only; same translations).")
+                   "hundreds of small kernels; same translations [default: on with a cuda device].")
 @click.option("--errors", type=click.Choice(ERROR_POLICIES), default="strict", show_default=True,
               help="Invalid UTF-8 input: strict stops with an error naming the line (lines before it are "
                    "translated and written); replace substitutes U+FFFD.")
@@ -98,7 +98,7 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
               no_repeat_ngram_size: int, unk_penalty: float, temperature: float, sampling: bool,
               sampling_topk: int, sampling_topp: float, seed: int, input_format: str, output_format: str,
               buffer_size: int | None, max_tokens: int | None, batch_size: int | None, device: str | None,
-              threads: int | None, precision: str, cuda_graphs: bool, errors: str, quiet: bool) -> None:
+              threads: int | None, precision: str, cuda_graphs: bool | None, errors: str, quiet: bool) -> None:
     """Translate text with beam search: exactly one output line per input line, in order.
 
     \b

@@ -1,4 +1,4 @@
-"""Decoding steps replayed as CUDA graphs (`nmt translate --cuda-graphs`).
+"""Decoding steps replayed as CUDA graphs (`nmt translate` on a GPU, unless `--no-cuda-graphs`).
 
 On a GPU a decoding step of a Transformer is a few hundred small kernels, and at
 common batch sizes launching them takes longer than running them. A CUDA graph

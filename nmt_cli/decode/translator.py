@@ -82,10 +82,11 @@ class Translator:
             raise NmtError("--cuda-graphs needs --device cuda")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device)
         self.decoder = self.models.decoder
-        # With --cuda-graphs, beam search on one model is one graph per step; otherwise
-        # (ensembles, sampling, n-gram bans) the model's step alone is graphed.
+        # With CUDA graphs (by default on a GPU, where they decode several times faster),
+        # beam search on one model is one graph per step; otherwise (ensembles, sampling,
+        # n-gram bans) the model's step alone is graphed.
         self.fixed_search: FixedSearch | None = None
-        if cfg.cuda_graphs:
+        if cfg.cuda_graphs or (cfg.cuda_graphs is None and self.device.type == "cuda"):
             self.decoder = with_fixed_steps(self.models.decoder, use_graphs=True, warn=warn)
             if isinstance(self.decoder, GraphedTransformer) and supports_fixed_search(cfg.decode):
                 self.fixed_search = FixedSearch(self.decoder, cfg.decode)
