@@ -34,7 +34,7 @@ def device_busy_line(run: Callable[[], None], repeats: int, unit: str, device: t
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for _ in range(repeats):
             run()
         sync()
@@ -43,8 +43,20 @@ def device_busy_line(run: Callable[[], None], repeats: int, unit: str, device: t
     print(events.table(sort_by=sort_by, row_limit=25), file=sys.stderr)
     if device.type != "cuda":
         return f"# profile per {unit}: wall {wall * 1e3:.2f} ms (CPU: no device time)"
+    print_copies_by_shape(prof, repeats, unit)
     # Kernel events only, as torch's own table totals them (operators would count twice).
     busy_us = sum(e.self_device_time_total for e in events
                   if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
     busy = busy_us / 1e6 / repeats
     return f"# profile per {unit}: wall {wall * 1e3:.2f} ms, device busy {busy * 1e3:.2f} ms ({busy / wall:.0%})"
+
+
+def print_copies_by_shape(prof: torch.profiler.profile, repeats: int, unit: str, rows: int = 15) -> None:
+    """The costliest copies (dtype casts, making tensors contiguous, concatenation) by
+    input shapes (stderr): the shapes tell activations from weights."""
+    copies = [e for e in prof.key_averages(group_by_input_shape=True) if e.key in ("aten::copy_", "aten::cat")]
+    copies.sort(key=lambda e: -e.self_device_time_total)
+    print(f"costliest copies, device ms per {unit}:", file=sys.stderr)
+    for e in copies[:rows]:
+        ms = e.self_device_time_total / 1e3 / repeats
+        print(f"  {ms:7.3f}  {e.count // repeats:4d} calls  {e.key}  {e.input_shapes}", file=sys.stderr)
