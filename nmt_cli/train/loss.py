@@ -95,7 +95,8 @@ def _run_fused(kernel: Callable, *args: torch.Tensor):
         raise
     except Exception as error:  # what the compiler raises varies with its version
         if not _compile_failed:
-            warnings.warn(f"the fused loss could not be compiled, using the chunked one: {error}", stacklevel=2)
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]  # compiler errors run long
+            warnings.warn(f"the fused loss could not be compiled, using the chunked one: {reason}", stacklevel=2)
         _compile_failed = True
         return None
 
