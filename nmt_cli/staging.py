@@ -2,7 +2,7 @@
 
 A run that is killed half-way leaves only a hidden sibling: `.NAME.partial-PID` (or,
 killed while replacing an earlier output, `.NAME.old-PID`) for a directory,
-`.NAME.PID[.HEX].tmp` for a file; never a destination that looks complete. The next
+`.NAME.PID.tmp` for a file; never a destination that looks complete. The next
 run removes such leftovers once their process is gone.
 """
 
@@ -184,13 +184,26 @@ def fsync_directory(directory: Path) -> None:
 
 
 def remove_stale_temp_files(path: Path) -> None:
-    """Delete `.NAME.PID[.HEX].tmp` files next to `path` left by killed processes (they can
+    """Delete `.NAME.PID.tmp` files next to `path` left by killed processes (they can
     be as large as a checkpoint); those of live processes are theirs to finish."""
     for candidate in leftovers_of_dead_processes(path.parent, f".{path.name}.", ".tmp"):
-        try:
-            candidate.unlink()
-        except OSError:
-            pass
+        _unlink_quietly(candidate)
+
+
+def remove_stale_temp_files_in(directory: Path) -> None:
+    """Delete every `.NAME.PID.tmp` file in `directory` whose process no longer runs,
+    whatever NAME: also those of files that are never written again."""
+    for path in directory.glob(".*.tmp"):
+        pid_text = path.name[: -len(".tmp")].rsplit(".", 1)[-1]  # NAME may hold dots, PID does not
+        if pid_text.isdigit() and path.is_file() and not process_alive(int(pid_text)):
+            _unlink_quietly(path)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass  # gone already, or not ours to delete: leaving it loses nothing
 
 
 def leftovers_of_dead_processes(directory: Path, prefix: str, suffix: str = "") -> list[Path]:

@@ -434,15 +434,20 @@ def test_metrics_log_killed_while_cutting_keeps_every_record(tmp_path: Path, mon
     assert [p.name for p in tmp_path.iterdir()] == ["train_log.jsonl"]
 
 
-def test_metrics_log_removes_the_temporary_file_of_a_run_killed_while_cutting(tmp_path: Path) -> None:
-    path = tmp_path / "train_log.jsonl"
-    path.write_text('{"update": 0}\n')
-    leftover = tmp_path / ".train_log.jsonl.4194305.tmp"  # above Linux's largest pid: no such process
-    leftover.write_text('{"upd')
-    ours = tmp_path / f".train_log.jsonl.{os.getpid()}.tmp"  # a live process's: not ours to remove
-    ours.write_text("")
-    MetricsLog(path, enabled=True, keep_records=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, ours.name])
+def test_a_run_removes_what_killed_runs_left_in_its_save_dir(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    dead = 4194305  # above Linux's largest pid: no such process
+    # A numbered checkpoint this run never writes, and a log cut that was killed.
+    leftovers = [f".checkpoint_1_700.pt.{dead}.tmp", f".train_log.jsonl.{dead}.tmp"]
+    kept = [f".checkpoint_1_700.pt.{os.getpid()}.tmp",  # a live process's: not ours to remove
+            f".notes.{dead}", f"notes.{dead}.tmp", ".notes.tmp"]  # not our temporary files
+    for name in leftovers + kept:
+        (run / name).write_text("partial")
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "1"])
+    assert result.exit_code == 0, result.output
+    hidden = sorted(p.name for p in run.iterdir() if p.name.startswith(".") or p.name.startswith("notes"))
+    assert hidden == sorted(kept)
 
 
 def test_help_documents_every_option() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import remove_stale_temp_files, replace_atomically
+from nmt_cli.staging import replace_atomically
 
 LOG_NAME = "train_log.jsonl"
 
@@ -31,9 +31,6 @@ class MetricsLog:
         self.enabled = enabled
         self.missing_records = 0  # records the checkpoint expects but the file lacks
         if enabled:
-            # A run killed during an earlier cut left its temporary file; a cut is rare, so
-            # nothing else would remove it.
-            remove_stale_temp_files(path)
             lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
             self.missing_records = max(0, keep_records - len(lines))
             if len(lines) > keep_records:

@@ -22,6 +22,7 @@ from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, r
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory
+from nmt_cli.staging import remove_stale_temp_files_in
 from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
@@ -63,6 +64,11 @@ class Trainer:
         self.valid_split = None if cfg.disable_validation else self.data.split(cfg.valid_subset)
         self.save_dir = Path(cfg.save_dir)
         check_writable(self.save_dir)
+        if dist.is_main:
+            # A run killed while writing left a temporary file as large as a checkpoint;
+            # replacing a file sweeps only its own, and a numbered checkpoint (or the log,
+            # cut only on some resumes) may never be written again.
+            remove_stale_temp_files_in(self.save_dir)
         if model_cfg.share_all_embeddings and self.data.src_dict != self.data.tgt_dict:
             # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
             raise NmtError(f"--share-all-embeddings needs one joined dictionary, but {cfg.data} has different "
