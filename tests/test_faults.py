@@ -333,9 +333,9 @@ def test_disk_full_in_preprocess_translate_and_average(tmp_path, data_bin, monke
         def __exit__(self, *exc_info) -> None:
             self.file.close()
 
-    import nmt_cli.commands.translate as translate_module
+    import nmt_cli.commands.outputs as outputs_module  # where translate opens its output
 
-    monkeypatch.setattr(translate_module, "open", FullDisk, raising=False)
+    monkeypatch.setattr(outputs_module, "open", FullDisk, raising=False)
     lines = "".join(f"w{i % 16} w{(i * 7) % 16}\n" for i in range(200))
     result = nmt(["translate", "--path", run / "checkpoint_best.pt", "--device", "cpu", "--beam", "1",
                   "--max-len-b", "3", "--buffer-size", "10", "-i", "-", "-o", tmp_path / "out.txt"], input=lines)

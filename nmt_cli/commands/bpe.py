@@ -67,7 +67,7 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     Streams line by line: exactly one output line per input line, in order
     (an empty line stays empty).
     """
-    from nmt_cli.commands.outputs import close_quietly, open_output_text, refuse_overwriting_input
+    from nmt_cli.commands.outputs import opened, refuse_overwriting_input
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
 
@@ -75,20 +75,15 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     bpe = BpeModel(Path(model))
     lines = _input_lines(input_path)
     interactive = input_path == "-" and sys.stdin.isatty()
-    out = sys.stdout if output_path == "-" else open_output_text(Path(output_path))
-    try:
-        for line in lines:
-            # Pieces are separated by single spaces; a tab or a no-break space is a piece of its own.
-            out.write((bpe.decode([p for p in line.split(" ") if p]) if decode else " ".join(bpe.encode(line))) + "\n")
-            if interactive:
-                out.flush()
-        out.flush()
-        if out is not sys.stdout:
-            out.close()
-    except BrokenPipeError:
-        raise  # the reader went away (`| head`): the CLI ends quietly
-    except OSError as error:
-        raise NmtError(f"cannot write {output_path if output_path != '-' else '<stdout>'}: {error.strerror or error}") from None
-    finally:
-        if out is not sys.stdout:
-            close_quietly(out)
+    with opened(output_path, "w") as out:
+        try:
+            for line in lines:
+                # Pieces are separated by single spaces; a tab or a no-break space is a piece of its own.
+                out.write((bpe.decode([p for p in line.split(" ") if p]) if decode else " ".join(bpe.encode(line))) + "\n")
+                if interactive:
+                    out.flush()
+            out.flush()
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): the CLI ends quietly
+        except OSError as error:
+            raise NmtError(f"cannot write {output_path if output_path != '-' else '<stdout>'}: {error.strerror or error}") from None

@@ -1,12 +1,14 @@
-"""Opening output files for the commands: a path that cannot be written is one error line."""
+"""Opening the commands' files: a path that cannot be read or written is one error line."""
 
 from __future__ import annotations
 
 import os
 import stat
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TextIO
+from typing import IO
 
 from nmt_cli.errors import NmtError
 
@@ -19,12 +21,31 @@ def make_parent_directory(path: Path) -> None:
         raise NmtError(f"cannot write {path}: {error.strerror or error} ({error.filename})") from None
 
 
-def open_output_text(path: Path) -> TextIO:
-    """`path` opened for writing UTF-8 text with `\\n` line ends, or NmtError naming it."""
+@contextmanager
+def opened(path: str, mode: str) -> Iterator[IO]:
+    """`path` opened in `mode`: "rb", "wb" or "w" (UTF-8 text with `\\n` line ends, whatever
+    the locale); "-" is stdin or stdout.
+
+    Failing to open or to close (where a full disk shows) is NmtError naming the file.
+    After any other failure the file is closed quietly, so that the first error shows.
+    """
+    if path == "-":
+        yield {"rb": sys.stdin.buffer, "wb": sys.stdout.buffer, "w": sys.stdout}[mode]
+        return
+    verb = "read" if mode == "rb" else "write"
     try:
-        return open(path, "w", encoding="utf-8", newline="\n")
+        stream = open(path, mode) if "b" in mode else open(path, mode, encoding="utf-8", newline="\n")
     except OSError as error:
-        raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+        raise NmtError(f"cannot {verb} {path}: {error.strerror or error}") from None
+    try:
+        yield stream
+    except BaseException:
+        close_quietly(stream)
+        raise
+    try:
+        stream.close()
+    except OSError as error:
+        raise NmtError(f"cannot {verb} {path}: {error.strerror or error}") from None
 
 
 def close_quietly(stream: IO) -> None:

@@ -10,7 +10,7 @@ from typing import BinaryIO
 
 import click
 
-from nmt_cli.commands.outputs import close_quietly, refuse_overwriting_input
+from nmt_cli.commands.outputs import opened, refuse_overwriting_input
 from nmt_cli.config import (
     ERROR_POLICIES,
     INPUT_FORMATS,
@@ -149,8 +149,8 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     source_name = "<stdin>" if input_path == "-" else input_path
     started, lines_done = time.monotonic(), 0
     with ExitStack() as stack:
-        source = stack.enter_context(_open_binary(input_path, "rb"))
-        sink = stack.enter_context(_open_binary(output_path, "wb"))
+        source = stack.enter_context(opened(input_path, "rb"))
+        sink = stack.enter_context(opened(output_path, "wb"))
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         for group, read_error in chunks(read_lines(source, source_name, cfg.errors), cfg.buffer_size):
             text = "".join(translator.format(translation) + "\n" for translation in translator.translate(group, source_name))
@@ -174,31 +174,6 @@ def _write(sink: BinaryIO, data: bytes, output_path: str) -> None:
     except OSError as error:
         name = "<stdout>" if output_path == "-" else output_path
         raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
-
-
-@contextmanager
-def _open_binary(path: str, mode: str) -> Iterator[BinaryIO]:
-    """`path` opened in binary `mode` ("rb" or "wb"); "-" is stdin or stdout.
-
-    Output is written as bytes: UTF-8 with `\\n` line ends whatever the locale.
-    """
-    if path == "-":
-        yield sys.stdin.buffer if mode == "rb" else sys.stdout.buffer
-        return
-    verb = "read" if mode == "rb" else "write"
-    try:
-        stream = open(path, mode)
-    except OSError as error:
-        raise NmtError(f"cannot {verb} {path}: {error.strerror}") from None
-    try:
-        yield stream
-    except BaseException:
-        close_quietly(stream)
-        raise
-    try:
-        stream.close()
-    except OSError as error:
-        raise NmtError(f"cannot {verb} {path}: {error.strerror or error}") from None
 
 
 @contextmanager
