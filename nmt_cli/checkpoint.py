@@ -31,10 +31,11 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     """Write `state` to `path` atomically; on failure the previous file at `path` is intact."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file stands where a directory of the path should be
+            raise NmtError(f"cannot write checkpoint {path}: a part of its directory is a file") from None
         replace_atomically(path, partial(_save, state))
-    except FileExistsError:  # from mkdir: a file stands where a directory of the path should be
-        raise NmtError(f"cannot write checkpoint {path}: a part of its directory is a file") from None
     except (OSError, RuntimeError) as error:
         # torch reports some write failures (inside its zip writer) as RuntimeError.
         reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
