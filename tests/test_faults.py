@@ -46,8 +46,8 @@ TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-s
 RUN_FILES = {"meta.json", "dict.src.txt", "dict.tgt.txt", "config.json", "train_log.jsonl"}
 # What a write in progress looks like: a hidden temporary file, for a checkpoint or for
 # one of the run files (they are replaced whole too, and train_log.jsonl when a resumed
-# run cuts it back).
-TEMP_NAME = re.compile(r"^\.(checkpoint|meta\.json|dict\.|config\.json|train_log\.jsonl).*\.tmp$")
+# run cuts it back), or the probe of a writable save directory.
+TEMP_NAME = re.compile(r"^\.(checkpoint|meta\.json|dict\.|config\.json|train_log\.jsonl|write-test).*\.tmp$")
 KILLS = 24  # kill points of the training run (CI requires at least 20)
 
 

@@ -438,8 +438,8 @@ def test_a_run_removes_what_killed_runs_left_in_its_save_dir(tmp_path: Path, dat
     run = tmp_path / "run"
     run.mkdir()
     dead = 4194305  # above Linux's largest pid: no such process
-    # A numbered checkpoint this run never writes, and a log cut that was killed.
-    leftovers = [f".checkpoint_1_700.pt.{dead}.tmp", f".train_log.jsonl.{dead}.tmp"]
+    # A numbered checkpoint this run never writes, a log cut and a write probe that were killed.
+    leftovers = [f".checkpoint_1_700.pt.{dead}.tmp", f".train_log.jsonl.{dead}.tmp", f".write-test.0a1b2c3d.{dead}.tmp"]
     kept = [f".checkpoint_1_700.pt.{os.getpid()}.tmp",  # a live process's: not ours to remove
             f".notes.{dead}", f"notes.{dead}.tmp", ".notes.tmp"]  # not our temporary files
     for name in leftovers + kept:

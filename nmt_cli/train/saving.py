@@ -30,7 +30,8 @@ def check_writable(save_dir: Path) -> None:
     """NmtError unless `save_dir` exists (or can be made) and accepts new files."""
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
-        probe = save_dir / f".write-test.{os.getpid()}.{secrets.token_hex(4)}"
+        # Named as a temporary file, so that the next run's sweep removes it should this one be killed here.
+        probe = save_dir / f".write-test.{secrets.token_hex(4)}.{os.getpid()}.tmp"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as error:
