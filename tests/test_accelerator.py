@@ -29,8 +29,8 @@ from nmt_cli.decode import graphs
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.search import generate
 from nmt_cli.models.registry import resolve_config
-from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train import loss as loss_module
+from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
 DEVICES = [
