@@ -184,32 +184,36 @@ def fsync_directory(directory: Path) -> None:
 
 
 def remove_stale_temp_files(path: Path) -> None:
-    """Delete `.NAME.PID.tmp` files next to `path` left by killed processes (they can
-    be as large as a checkpoint); those of live processes are theirs to finish."""
-    for candidate in leftovers_of_dead_processes(path.parent, f".{path.name}.", ".tmp"):
-        _unlink_quietly(candidate)
+    """Delete `.NAME.PID.tmp` files next to `path` (NAME its name) left by killed processes
+    (they can be as large as a checkpoint); those of live processes are theirs to finish."""
+    _remove_dead_temp_files(path.parent, path.name)
 
 
 def remove_stale_temp_files_in(directory: Path) -> None:
     """Delete every `.NAME.PID.tmp` file in `directory` whose process no longer runs,
     whatever NAME: also those of files that are never written again."""
-    for path in directory.glob(".*.tmp"):
-        pid_text = path.name[: -len(".tmp")].rsplit(".", 1)[-1]  # NAME may hold dots, PID does not
+    _remove_dead_temp_files(directory, None)
+
+
+def _remove_dead_temp_files(directory: Path, name: str | None) -> None:
+    """Delete the `.NAME.PID.tmp` files of `directory` (of NAME `name` only, unless None)
+    whose process no longer runs."""
+    pattern = f"{glob.escape(f'.{name}.')}*.tmp" if name is not None else ".*.tmp"
+    for path in directory.glob(pattern):
+        stem, _, pid_text = path.name[: -len(".tmp")].rpartition(".")  # NAME may hold dots, PID does not
+        if name is not None and stem != f".{name}":
+            continue
         if pid_text.isdigit() and path.is_file() and not process_alive(int(pid_text)):
-            _unlink_quietly(path)
+            try:
+                path.unlink()
+            except OSError:
+                pass  # gone already, or not ours to delete: leaving it loses nothing
 
 
-def _unlink_quietly(path: Path) -> None:
-    try:
-        path.unlink()
-    except OSError:
-        pass  # gone already, or not ours to delete: leaving it loses nothing
-
-
-def leftovers_of_dead_processes(directory: Path, prefix: str, suffix: str = "") -> list[Path]:
-    """Entries `{prefix}PID[.MORE]{suffix}` of `directory` whose process PID no longer runs."""
+def leftovers_of_dead_processes(directory: Path, prefix: str) -> list[Path]:
+    """Entries `{prefix}PID[.MORE]` of `directory` whose process PID no longer runs."""
     found = []
-    for path in directory.glob(f"{glob.escape(prefix)}*{suffix}"):
+    for path in directory.glob(f"{glob.escape(prefix)}*"):
         pid_text = path.name[len(prefix):].split(".")[0]
         if pid_text.isdigit() and not process_alive(int(pid_text)):
             found.append(path)
