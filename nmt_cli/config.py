@@ -161,6 +161,8 @@ class DecodeConfig:
 INPUT_FORMATS = ("raw", "bpe", "ids")
 OUTPUT_FORMATS = ("text", "bpe", "jsonl")
 PRECISIONS = ("fp32", "bf16", "fp16")
+# Training only: the model itself in bf16, float32 master weights (nmt_cli/train/master_weights.py).
+TRAIN_PRECISIONS = PRECISIONS + ("pure-bf16",)
 ERROR_POLICIES = ("strict", "replace")
 
 
@@ -475,8 +477,8 @@ class TrainConfig:
             raise NmtError("--adam-eps must be positive")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise NmtError(f"--label-smoothing must be in [0, 1) (got {self.label_smoothing})")
-        if self.precision not in PRECISIONS:
-            raise NmtError(f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.precision not in TRAIN_PRECISIONS:
+            raise NmtError(f"unknown --precision {self.precision!r}; choose from {', '.join(TRAIN_PRECISIONS)}")
         if self.best_checkpoint_metric not in BEST_CHECKPOINT_METRICS:
             raise NmtError(f"--best-checkpoint-metric must be one of {', '.join(BEST_CHECKPOINT_METRICS)}")
         if not (self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda")):

@@ -5,7 +5,8 @@ Every check runs once per device. On a machine without CUDA only the CPU rows ru
 which keeps the checks themselves honest; on a GPU machine the same checks compare
 what runs only there (scaled_dot_product_attention's CUDA kernels, fused AdamW, the
 search's pinned-memory host copies, bf16 and fp16 autocast, GradScaler, checkpoints
-written from GPU tensors, decoding steps replayed as CUDA graphs) with the CPU:
+written from GPU tensors, decoding steps replayed as CUDA graphs) with the CPU, or with
+a naive reference on the same device (pure-bf16 training):
 
     python3 -m pytest -q tests/test_accelerator.py
 """
@@ -24,7 +25,8 @@ from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 
 from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig, TrainConfig
-from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.data.dictionary import PAD_ID
+from nmt_cli.data.pairs import collate, load_data_bin
 from nmt_cli.decode import graphs
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.search import generate
@@ -170,9 +172,9 @@ def data_bin(tmp_path_factory) -> Path:
     return reversal_data_bin(tmp_path_factory.mktemp("data") / "bin", train=160, valid=16)
 
 
-def make_engine(data_bin: Path, device: str, precision: str = "fp32"):
+def make_engine(data_bin: Path, device: str, precision: str = "fp32", update_freq: int = 1):
     cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", lr=1e-2,
-                      lr_scheduler="fixed", label_smoothing=0.1, precision=precision)
+                      lr_scheduler="fixed", label_smoothing=0.1, precision=precision, update_freq=update_freq)
     model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})  # no dropout: no device RNG involved
     data = load_data_bin(data_bin)
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device(device))
@@ -241,16 +243,72 @@ def without_key_bias(name: str, tensor: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "pure-bf16"])
 def test_mixed_precision_training_follows_float32(device: str, precision: str, data_bin: Path) -> None:
     mixed, split = make_engine(data_bin, device, precision)
     exact, _ = make_engine(data_bin, device)
     assert (mixed.scaler is not None) == (precision == "fp16")
     losses, expected = run_updates(mixed, split, 6), run_updates(exact, split, 6)
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
-    # Autocast rounds the matrix products' inputs; the loss itself stays float32.
+    # Autocast rounds the matrix products' inputs (pure-bf16: all activations); the loss
+    # itself stays float32.
     assert losses == pytest.approx(expected, rel=0.05)
     assert all(torch.isfinite(p).all() for p in mixed.model.parameters())
+
+
+def reference_pure_bf16_updates(model: torch.nn.Module, split, updates: list[list[np.ndarray]], cfg: TrainConfig):
+    """Naive pure-bf16 training: a bf16 copy of `model` runs forward and backward, each
+    batch's gradients are summed in float32 tensors of their own, AdamW (the same fused
+    kernel, same settings) steps a float32 copy, which is rounded back into the bf16 one."""
+    master = copy.deepcopy(model)
+    working = copy.deepcopy(master).to(torch.bfloat16).train()
+    device = next(master.parameters()).device
+    optimizer = torch.optim.AdamW(master.parameters(), lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps,
+                                  weight_decay=cfg.weight_decay, fused=True)
+    losses = []
+    for batches in updates:
+        ntokens = int(sum(split.tgt_sizes[b].sum() for b in batches))
+        sums = [torch.zeros_like(p) for p in master.parameters()]
+        loss_sum = 0.0
+        for indices in batches:
+            batch = collate(split, indices).to(device)
+            working.zero_grad(set_to_none=True)
+            logits = working(batch.src_tokens, batch.prev_output_tokens)
+            loss, _ = loss_module.label_smoothed_nll_loss(logits, batch.target, 0.1, PAD_ID)
+            (loss * (1.0 / ntokens)).backward()
+            for total, p in zip(sums, working.parameters()):
+                total += p.grad.float()
+            loss_sum += loss.item()
+        for p, total in zip(master.parameters(), sums):
+            p.grad = total
+        optimizer.step()
+        with torch.no_grad():
+            for w, m in zip(working.parameters(), master.parameters()):
+                w.copy_(m)
+        losses.append(loss_sum)
+    return master, working, losses
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pure_bf16_updates_equal_a_naive_reference(device: str, data_bin: Path) -> None:
+    engine, split = make_engine(data_bin, device, "pure-bf16", update_freq=2)
+    assert {p.dtype for p in engine.working_model.parameters()} == {torch.bfloat16}
+    # Batches of different lengths and paddings, two per update (accumulated in float32).
+    updates = [[np.arange(0, 7), np.arange(7, 20)], [np.arange(20, 36), np.arange(36, 40)], [np.arange(40, 52)] * 2]
+    master, working, expected = reference_pure_bf16_updates(engine.model, split, updates, engine.cfg)
+    losses = []
+    for step, batches in enumerate(updates):
+        ntokens = int(sum(split.tgt_sizes[b].sum() for b in batches))
+        losses.append(train_update(engine, split, batches, batches[0], ntokens, step).loss.item())
+    assert {p.dtype for p in engine.model.parameters()} == {torch.float32}
+    assert losses == pytest.approx(expected, rel=1e-6)
+    for (name, p), q in zip(engine.model.named_parameters(), master.parameters()):
+        if device == "cpu":  # the same kernels on the same inputs
+            assert torch.equal(p, q), name
+        else:  # the attention backward may sum in another order from one run to the next
+            torch.testing.assert_close(without_key_bias(name, p), without_key_bias(name, q), rtol=1e-3, atol=1e-4, msg=name)
+    for p, q in zip(engine.working_model.parameters(), engine.model.parameters()):
+        assert torch.equal(p, q.to(torch.bfloat16))  # the working copy is the master, rounded
 
 
 # --- the commands ------------------------------------------------------------------------

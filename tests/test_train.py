@@ -7,6 +7,7 @@ resumed equals an uninterrupted run, and the model learns the task.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -27,11 +28,12 @@ from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.commands.train import parse_betas
 from nmt_cli.config import TrainConfig
-from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.data.pairs import collate, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import resolve_config
 from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.distributed import DistInfo
+from nmt_cli.train.master_weights import MasterWeights
 from nmt_cli.train.progress import MetricsLog, parse_duration
 from nmt_cli.train.saving import files_to_prune
 from nmt_cli.train.step import build_engine, train_update
@@ -143,9 +145,10 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_equal_one_with_update_freq_2(tmp_path: Path, data_bin: Path) -> None:
+@pytest.mark.parametrize("precision", ["fp32", "pure-bf16"])  # pure-bf16 all-reduces float32 sums itself, without DDP
+def test_two_processes_equal_one_with_update_freq_2(tmp_path: Path, data_bin: Path, precision: str) -> None:
     common = [*TINY, "--dropout", "0", "--max-update", "7", "--log-interval", "1", "--validate-interval", "0",
-              "--save-interval", "0", "--device", "cpu"]
+              "--save-interval", "0", "--device", "cpu", "--precision", precision]
     ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(free_port()), "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(ddp_run), *common]
@@ -270,21 +273,37 @@ def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path,
     assert updates == list(range(1, load_checkpoint(run / "checkpoint_last.pt")["num_updates"] + 1))
 
 
-def test_out_of_memory_update_is_skipped(tmp_path: Path, data_bin: Path, monkeypatch) -> None:
-    real_update, calls = trainer_module.train_update, []
+@pytest.mark.parametrize("precision", ["fp32", "pure-bf16"])
+def test_out_of_memory_update_is_skipped(tmp_path: Path, data_bin: Path, monkeypatch, precision: str) -> None:
+    real_update = trainer_module.train_update
 
-    def flaky_update(*args):
-        calls.append(1)
-        if len(calls) == 2:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_update(*args)
+    def run_with_oom_in_update_2(run: Path, after_a_backward_pass: bool) -> list[torch.Tensor]:
+        calls, weights_at_oom = [], []
 
-    monkeypatch.setattr(trainer_module, "train_update", flaky_update)
-    run = tmp_path / "run"
-    result = CliRunner().invoke(main, ["train", str(data_bin), "--save-dir", str(run), *TINY, "--max-update", "4"])
-    assert result.exit_code == 0, result.output
-    assert "out of GPU memory in update 2; skipped" in result.stderr
-    assert len(calls) == 5 and load_checkpoint(run / "checkpoint_last.pt")["num_updates"] == 4
+        def flaky_update(engine, split, shares, *rest):
+            calls.append(1)
+            if len(calls) == 2:
+                weights_at_oom.extend(p.detach().clone() for p in engine.model.parameters())
+                if after_a_backward_pass:  # its gradients must not reach the next update
+                    batch = collate(split, shares[0])
+                    engine.runner(batch.src_tokens, batch.prev_output_tokens, batch.target)[0].backward()
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            return real_update(engine, split, shares, *rest)
+
+        monkeypatch.setattr(trainer_module, "train_update", flaky_update)
+        result = CliRunner().invoke(main, ["train", str(data_bin), "--save-dir", str(run), *TINY, "--max-update", "4",
+                                           "--precision", precision])
+        assert result.exit_code == 0, result.output
+        assert "out of GPU memory in update 2; skipped" in result.stderr
+        assert len(calls) == 5 and load_checkpoint(run / "checkpoint_last.pt")["num_updates"] == 4
+        return weights_at_oom
+
+    weights_at_oom = run_with_oom_in_update_2(tmp_path / "run", after_a_backward_pass=True)
+    run_with_oom_in_update_2(tmp_path / "clean", after_a_backward_pass=False)
+    final, clean = final_weights(tmp_path / "run"), final_weights(tmp_path / "clean")
+    for (name, p), q, before in zip(final.items(), clean.values(), weights_at_oom):
+        assert torch.equal(p, q), name
+        assert not torch.equal(p, before), name  # the updates after the skipped one still train
 
     monkeypatch.setattr(trainer_module, "train_update", lambda *args: (_ for _ in ()).throw(torch.OutOfMemoryError()))
     result = CliRunner().invoke(main, ["train", str(data_bin), "--save-dir", str(tmp_path / "run2"), *TINY])
@@ -314,6 +333,43 @@ def test_bf16_training_runs_on_cpu(tmp_path: Path, data_bin: Path) -> None:
     result = run_cli([data_bin, "--save-dir", tmp_path / "run", *TINY, "--precision", "bf16", "--max-update", "5"])
     assert result.exit_code == 0, result.output
     assert all(np.isfinite(r["loss"]) for r in records(tmp_path / "run", "train"))
+
+
+def test_pure_bf16_checkpoints_hold_float32_weights_and_resume_exactly(tmp_path: Path, data_bin: Path) -> None:
+    common = [*TINY, "--dropout", "0.1", "--log-interval", "1", "--validate-interval", "0"]
+    args = [*common, "--precision", "pure-bf16"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run_cli([data_bin, "--save-dir", straight, *args, "--max-update", "6"]).exit_code == 0
+    assert run_cli([data_bin, "--save-dir", resumed, *args, "--max-update", "3"]).exit_code == 0
+    result = run_cli([data_bin, "--save-dir", resumed, *args, "--max-update", "6"])
+    assert result.exit_code == 0 and "at update 3" in result.stderr
+    assert [comparable(r) for r in records(resumed, "train")] == [comparable(r) for r in records(straight, "train")]
+    weights = final_weights(straight)
+    assert {w.dtype for w in weights.values()} == {torch.float32}  # the master weights, not their bf16 rounding
+    for (name, p), q in zip(weights.items(), final_weights(resumed).values()):
+        assert torch.equal(p, q), name
+    # The checkpoint is the same as under autocast (float32 weights and Adam state): a run
+    # may go on in another precision.
+    result = run_cli([data_bin, "--save-dir", straight, *common, "--precision", "bf16", "--max-update", "7"])
+    assert result.exit_code == 0 and "at update 6" in result.stderr
+
+
+def test_master_weights_keep_tied_parameters_tied() -> None:
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+    model[1].weight = model[0].weight
+    master = MasterWeights(model)
+    assert len(master.master_params) == len(master.working_params) == 2  # the tied matrix and the bias
+    assert master.working[1].weight is master.working[0].weight
+    assert master.master_grads.numel() == 10 * 4 + 10
+    tokens = torch.tensor([1, 2, 3])
+    for first in (True, False):  # the second pass adds to the first: twice the gradient
+        master.working(tokens).float().square().sum().backward()
+        master.collect_gradients(first=first)
+    expected = copy.deepcopy(model).to(torch.bfloat16)
+    expected(tokens).float().square().sum().backward()
+    for p, q in zip(model.parameters(), expected.parameters()):
+        assert torch.equal(p.grad, 2 * q.grad.float())
+    assert not master.working_grads.any()
 
 
 def test_finetune_from_and_reset_optimizer(tmp_path: Path, data_bin: Path) -> None:

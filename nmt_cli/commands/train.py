@@ -7,7 +7,7 @@ import re
 import click
 
 from nmt_cli.commands.model_options import model_options, overrides_from
-from nmt_cli.config import LR_SCHEDULERS, PRECISIONS, TrainConfig
+from nmt_cli.config import LR_SCHEDULERS, TRAIN_PRECISIONS, TrainConfig
 from nmt_cli.errors import NmtError
 
 
@@ -77,8 +77,9 @@ def parse_betas(text: str) -> tuple[float, float]:
               "(ignored when --save-dir already holds checkpoint_last.pt).")
 @click.option("--seed", type=int, default=1, help="Random seed (initial weights, batch order, dropout).")
 @click.option("--device", default="auto", help="auto (GPU when available), cpu, cuda or cuda:N.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32",
-              help="fp32 (TF32 matmuls on GPU), bf16 autocast, or fp16 autocast with dynamic loss scaling.")
+@click.option("--precision", type=click.Choice(TRAIN_PRECISIONS), default="fp32",
+              help="fp32 (TF32 matmuls on GPU), bf16 autocast, fp16 autocast with dynamic loss scaling, or "
+              "pure-bf16: the model runs in bf16 and the optimizer updates float32 master weights (fairseq's --bf16).")
 @click.option("--compile", "compile_model", is_flag=True, help="Compile the model with torch.compile.")
 @click.option("--log-interval", type=int, default=100, help="Log training statistics every N updates.")
 @model_options

@@ -2,10 +2,12 @@
 
 An update runs `update_freq` forward/backward passes on this rank's batches and one
 optimizer step. Losses are summed over tokens and the gradient is scaled by
-`world_size / total target tokens of the whole update` (all accumulated batches, all
-ranks; known from the batch plan without communication), so accumulation and DDP are
-exactly one big batch. Nothing here waits for the GPU: statistics stay device tensors
-until the trainer logs them.
+`1 / total target tokens of the whole update` (all accumulated batches, all ranks; known
+from the batch plan without communication), so accumulation and several processes are
+exactly one big batch. Gradients are summed over processes by DDP (which averages, so
+the scale is multiplied by the world size) or, under `--precision pure-bf16`, by one
+all-reduce of the float32 gradient sum (`master_weights.py`). Nothing here waits for
+the GPU: statistics stay device tensors until the trainer logs them.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from nmt_cli.data.pairs import PairDataset, collate
 from nmt_cli.models.registry import build_model
 from nmt_cli.train.distributed import DistInfo, all_reduce_sum
 from nmt_cli.train.loss import label_smoothed_nll_loss
+from nmt_cli.train.master_weights import MasterWeights
 from nmt_cli.train.optim import LrSchedule, build_optimizer, set_lr
 from nmt_cli.train.state import seed_for_update
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "pure-bf16": None}
 
 
 class ModelWithLoss(nn.Module):
@@ -57,15 +60,33 @@ class Engine:
 
     cfg: TrainConfig
     dist: DistInfo
-    model: nn.Module  # the plain model: checkpoints and validation use it
+    model: nn.Module  # the plain model, in float32: what the optimizer updates and checkpoints hold
     runner: nn.Module  # what training calls: ModelWithLoss, wrapped in DDP and/or torch.compile
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None  # fp16 only
     schedule: LrSchedule
+    master: MasterWeights | None = None  # pure-bf16 only: `model` is its master, runner runs its working copy
 
     @property
     def device(self) -> torch.device:
         return self.dist.device
+
+    @property
+    def working_model(self) -> nn.Module:
+        """The model that runs forward passes: the bf16 copy under pure-bf16, else `model`."""
+        return self.master.working if self.master is not None else self.model
+
+    def discard_gradients(self) -> None:
+        """Forget the gradients of an update that failed part way (out of memory)."""
+        if self.master is not None:
+            self.master.working_grads.zero_()  # the master's are overwritten by the next update's first pass
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state_dict)
+        if self.master is not None:
+            self.master.copy_to_working()
 
     def autocast(self) -> contextlib.AbstractContextManager:
         dtype = AUTOCAST_DTYPES[self.cfg.precision]
@@ -89,8 +110,11 @@ def build_engine(cfg: TrainConfig, model_cfg: ModelConfig, src_vocab: int, tgt_v
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     model = build_model(model_cfg, src_vocab, tgt_vocab).to(dist.device)
-    runner: nn.Module = ModelWithLoss(model, cfg.label_smoothing, dist.device.type, AUTOCAST_DTYPES[cfg.precision])
-    if dist.world_size > 1:
+    master = MasterWeights(model, torch.bfloat16) if cfg.precision == "pure-bf16" else None
+    working = master.working if master is not None else model
+    runner: nn.Module = ModelWithLoss(working, cfg.label_smoothing, dist.device.type, AUTOCAST_DTYPES[cfg.precision])
+    # Under pure-bf16 the update all-reduces the float32 gradient sum itself (train_update).
+    if dist.world_size > 1 and master is None:
         device_ids = [dist.device.index] if dist.device.type == "cuda" else None
         runner = DistributedDataParallel(runner, device_ids=device_ids)
     if cfg.compile:
@@ -98,7 +122,7 @@ def build_engine(cfg: TrainConfig, model_cfg: ModelConfig, src_vocab: int, tgt_v
     optimizer = build_optimizer(list(model.parameters()), cfg.adam_betas, cfg.adam_eps, cfg.weight_decay, dist.device)
     scaler = torch.amp.GradScaler(dist.device.type) if cfg.precision == "fp16" else None
     schedule = LrSchedule(cfg.lr_scheduler, cfg.lr, cfg.warmup_updates, cfg.warmup_init_lr, model_cfg.encoder_embed_dim)
-    return Engine(cfg, dist, model, runner, optimizer, scaler, schedule)
+    return Engine(cfg, dist, model, runner, optimizer, scaler, schedule, master)
 
 
 def _no_sync_unless(runner: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
@@ -122,12 +146,13 @@ def train_update(
     Every rank runs exactly `update_freq` passes so that DDP's all-reduces line up; a
     rank short of batches at the end of an epoch reruns `fallback` with weight 0.
     """
-    cfg, runner, optimizer, scaler = engine.cfg, engine.runner, engine.optimizer, engine.scaler
+    cfg, runner, optimizer, scaler, master = engine.cfg, engine.runner, engine.optimizer, engine.scaler, engine.master
     runner.train()
     set_lr(optimizer, engine.schedule.lr_at(num_updates + 1))
     seed_for_update(cfg.seed, num_updates, engine.dist.rank)
     passes = [(b, 1.0) for b in shares] + [(fallback, 0.0)] * (cfg.update_freq - len(shares))
-    grad_scale = engine.dist.world_size / update_ntokens
+    # DDP averages over ranks; pure-bf16's own all-reduce sums.
+    grad_scale = (1 if master is not None else engine.dist.world_size) / update_ntokens
     loss_sum = torch.zeros((), device=engine.device)
     nll_sum = torch.zeros((), device=engine.device)
     for i, (indices, weight) in enumerate(passes):
@@ -136,8 +161,12 @@ def train_update(
             loss, nll = runner(batch.src_tokens, batch.prev_output_tokens, batch.target)
             scaled = loss * (grad_scale * weight)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        if master is not None:
+            master.collect_gradients(first=i == 0)
         loss_sum += loss.detach() * weight
         nll_sum += nll * weight
+    if master is not None:
+        all_reduce_sum(master.master_grads, engine.dist)
     params = [p for p in engine.model.parameters() if p.grad is not None]
     if scaler is not None:
         scaler.unscale_(optimizer)
@@ -150,7 +179,10 @@ def train_update(
         scaler.update()
     else:
         optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    if master is not None:
+        master.copy_to_working()  # the master's gradients are overwritten by the next update's first pass
+    else:
+        optimizer.zero_grad(set_to_none=True)
     return UpdateStats(loss_sum, nll_sum, grad_norm)
 
 
@@ -160,7 +192,7 @@ def evaluate(engine: Engine, data: PairDataset, batches: list[np.ndarray]) -> di
 
     Ranks split the batches and sum their totals.
     """
-    model = engine.model
+    model = engine.working_model
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=engine.device)  # loss, nll, tokens
     for indices in batches[engine.dist.rank :: engine.dist.world_size]:

@@ -124,7 +124,7 @@ class Trainer:
         engine, cfg = self.engine, self.cfg
         if resume is not None:
             check_state_dict_fits(engine.model, resume["model"], self.save_dir / LAST)
-            engine.model.load_state_dict(resume["model"])
+            engine.load_weights(resume["model"])
             progress = progress_from_checkpoint(resume, self.save_dir / LAST)
             if cfg.reset_optimizer:
                 self.reporter.info("--reset-optimizer: fresh optimizer state (weights and progress resumed)")
@@ -145,7 +145,7 @@ class Trainer:
             state = load_checkpoint(path)
             check_compatible(state, path, self.data, self.model_cfg)
             check_state_dict_fits(engine.model, state["model"], path)
-            engine.model.load_state_dict(state["model"])
+            engine.load_weights(state["model"])
             self.reporter.info(f"fine-tuning from the weights of {path}")
         return Progress()
 
@@ -223,7 +223,7 @@ class Trainer:
         except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError in torch >= 2.5
             if self.dist.world_size > 1:
                 raise NmtError(f"out of GPU memory at update {self.progress.num_updates + 1}; lower --max-tokens") from None
-            self.engine.optimizer.zero_grad(set_to_none=True)
+            self.engine.discard_gradients()
             torch.cuda.empty_cache()
             self.consecutive_oom += 1
             self.skipped_oom += 1
