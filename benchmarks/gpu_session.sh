@@ -75,15 +75,15 @@ print(\"# torch\", torch.__version__, \"cuda\", torch.version.cuda,
       torch.cuda.get_device_name() if torch.cuda.is_available() else \"no CUDA device\")"'
 step tests 150 python3 -m pytest -q -ra tests/test_accelerator.py
 step train_base 100 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings --systems nmt,torch,hf \
-    --chunked-loss --profile
+    --pure-bf16 --profile
 step train_big 80 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings --systems nmt,hf \
-    --chunked-loss --profile
+    --pure-bf16 --profile
+step train_base_compiled 180 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings \
+    --systems nmt,torch --compile --pure-bf16 --profile
+step train_big_compiled 150 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings \
+    --systems nmt --compile --pure-bf16
 step decode_varied_lengths 120 python3 benchmarks/decode_throughput.py $DECODE $VARIED \
     --batch-size "$DECODE_BATCH" --skip-peer
-step train_base_compiled 150 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings \
-    --systems nmt,torch --compile --profile
-step train_big_compiled 120 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings \
-    --systems nmt --compile
 step decode_batch_$DECODE_LARGE_BATCH 60 python3 benchmarks/decode_throughput.py $DECODE \
     --batch-size "$DECODE_LARGE_BATCH" --skip-peer --profile
 step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DECODE \

@@ -92,9 +92,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: bool = False) -> Result:
+def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: bool = False,
+              precision: str | None = None) -> Result:
     """nmt's training step; `chunked_loss`: with the loss of a CPU (row chunks) in place of
-    its fused kernels, to measure what they gain."""
+    its fused kernels, to measure what they gain; `precision`: nmt's own --precision in
+    place of the peers' (pure-bf16)."""
     if chunked_loss:
         with unittest.mock.patch.object(loss_module, "fused_kernels", lambda logits: None):
             result = bench_nmt(args, model_cfg, device)
@@ -107,7 +109,7 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: 
         data = load_data_bin(tmp)
         split = data.split("train")
         cfg = TrainConfig(data=tmp, save_dir=tmp, arch=args.arch, max_tokens=args.batch_size * args.seq_len,
-                          required_batch_size_multiple=1, precision=args.precision, compile=args.compile,
+                          required_batch_size_multiple=1, precision=precision or args.precision, compile=args.compile,
                           label_smoothing=0.1, warmup_updates=4000, lr=5e-4)
         dist = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
         engine = build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist)
@@ -120,9 +122,9 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: 
 
         tps, peak = timed(step, args.steps, args.warmup, ntokens, device)
         if args.profile:
-            print(device_busy_line(lambda: step(0), 3, "update", device), flush=True)
+            print(device_busy_line(lambda: step(0), 3, f"{precision} update" if precision else "update", device), flush=True)
         del engine
-    return Result("nmt" + (" (compiled)" if args.compile else ""), tps, peak)
+    return Result("nmt" + (f" {precision}" if precision else "") + (" (compiled)" if args.compile else ""), tps, peak)
 
 
 def process_peak_rss_gib() -> float:
@@ -288,6 +290,8 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
             results[-1].peak_mem_gib = process_peak_rss_gib()
         if args.chunked_loss:
             results.append(bench_nmt(args, model_cfg, device, chunked_loss=True))
+        if args.pure_bf16:
+            results.append(bench_nmt(args, model_cfg, device, precision="pure-bf16"))
     if "torch" in systems:
         torch.manual_seed(0)
         results.append(bench_baseline("torch.nn.Transformer", TorchNNSeq2Seq(model_cfg, args.vocab, args.seq_len + 1), args, device))
@@ -333,6 +337,9 @@ def main() -> None:
                         help="print nmt's top operators (torch.profiler, stderr) and how busy the device is per update")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="also measure nmt with the CPU's chunked loss instead of its fused GPU kernels")
+    parser.add_argument("--pure-bf16", action="store_true",
+                        help="also measure nmt with --precision pure-bf16 (the model in bf16, float32 master "
+                        "weights); the peers stay under autocast")
     parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
     parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
@@ -374,7 +381,8 @@ def main() -> None:
         peers = [r for r in results if not r.name.startswith("nmt")]
         if peers:
             best = max(peers, key=lambda r: r.tokens_per_s)
-            print(f"ratio nmt / best peer ({best.name}): {results[0].tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
+            for nmt in [r for r in results if r.name.startswith("nmt") and "chunked" not in r.name]:
+                print(f"ratio {nmt.name} / best peer ({best.name}): {nmt.tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
 
 
 if __name__ == "__main__":
