@@ -3,11 +3,12 @@
 `--precision float16 float32` do).
 
 Under autocast (`--precision bf16`) the weights, the residual stream and LayerNorm stay
-float32, and every matrix product casts its input to bf16 and its output back: on a
-GPU those casts alone are ~2 ms of a transformer_base update, and LayerNorm, dropout
-and the residual adds all read and write float32 activations. Here the model that runs
-forward and backward holds bf16 weights, so its activations and gradients are bf16 end
-to end (LayerNorm and softmax still accumulate in float32 inside their kernels).
+float32: every matrix product casts its float32 input to bf16, its bf16 output becomes
+float32 again where it joins the residual stream, and the backward pass does the same
+with the gradients. On a GPU those casts alone are ~2 ms of a transformer_base update,
+and LayerNorm and the residual adds read and write float32 activations. Here the model
+that runs forward and backward holds bf16 weights, so its activations and gradients are
+bf16 end to end (LayerNorm and softmax still accumulate in float32 inside their kernels).
 
 What must not lose precision stays float32: the master weights, which the optimizer
 updates and checkpoints hold (a bf16 weight would swallow updates smaller than 1/256
