@@ -259,7 +259,8 @@ def test_mixed_precision_training_follows_float32(device: str, precision: str, d
 def reference_pure_bf16_updates(model: torch.nn.Module, split, updates: list[list[np.ndarray]], cfg: TrainConfig):
     """Naive pure-bf16 training: a bf16 copy of `model` runs forward and backward, each
     batch's gradients are summed in float32 tensors of their own, AdamW (the same fused
-    kernel, same settings) steps a float32 copy, which is rounded back into the bf16 one."""
+    kernel, same settings) steps a float32 copy, which is rounded back into the bf16 one.
+    Returns the float32 weights and each update's summed loss."""
     master = copy.deepcopy(model)
     working = copy.deepcopy(master).to(torch.bfloat16).train()
     device = next(master.parameters()).device
@@ -274,7 +275,7 @@ def reference_pure_bf16_updates(model: torch.nn.Module, split, updates: list[lis
             batch = collate(split, indices).to(device)
             working.zero_grad(set_to_none=True)
             logits = working(batch.src_tokens, batch.prev_output_tokens)
-            loss, _ = loss_module.label_smoothed_nll_loss(logits, batch.target, 0.1, PAD_ID)
+            loss, _ = loss_module.label_smoothed_nll_loss(logits, batch.target, cfg.label_smoothing, PAD_ID)
             (loss * (1.0 / ntokens)).backward()
             for total, p in zip(sums, working.parameters()):
                 total += p.grad.float()
@@ -286,7 +287,7 @@ def reference_pure_bf16_updates(model: torch.nn.Module, split, updates: list[lis
             for w, m in zip(working.parameters(), master.parameters()):
                 w.copy_(m)
         losses.append(loss_sum)
-    return master, working, losses
+    return master, losses
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -295,17 +296,19 @@ def test_pure_bf16_updates_equal_a_naive_reference(device: str, data_bin: Path) 
     assert {p.dtype for p in engine.working_model.parameters()} == {torch.bfloat16}
     # Batches of different lengths and paddings, two per update (accumulated in float32).
     updates = [[np.arange(0, 7), np.arange(7, 20)], [np.arange(20, 36), np.arange(36, 40)], [np.arange(40, 52)] * 2]
-    master, working, expected = reference_pure_bf16_updates(engine.model, split, updates, engine.cfg)
+    master, expected = reference_pure_bf16_updates(engine.model, split, updates, engine.cfg)
     losses = []
     for step, batches in enumerate(updates):
         ntokens = int(sum(split.tgt_sizes[b].sum() for b in batches))
         losses.append(train_update(engine, split, batches, batches[0], ntokens, step).loss.item())
     assert {p.dtype for p in engine.model.parameters()} == {torch.float32}
-    assert losses == pytest.approx(expected, rel=1e-6)
+    # On the CPU the same kernels on the same inputs; a GPU's attention backward may sum
+    # in another order from one run to the next.
+    assert losses == pytest.approx(expected, rel=1e-6 if device == "cpu" else 1e-3)
     for (name, p), q in zip(engine.model.named_parameters(), master.parameters()):
-        if device == "cpu":  # the same kernels on the same inputs
+        if device == "cpu":
             assert torch.equal(p, q), name
-        else:  # the attention backward may sum in another order from one run to the next
+        else:
             torch.testing.assert_close(without_key_bias(name, p), without_key_bias(name, q), rtol=1e-3, atol=1e-4, msg=name)
     for p, q in zip(engine.working_model.parameters(), engine.model.parameters()):
         assert torch.equal(p, q.to(torch.bfloat16))  # the working copy is the master, rounded
