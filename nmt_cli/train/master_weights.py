@@ -37,7 +37,6 @@ class MasterWeights:
     """
 
     def __init__(self, master: nn.Module, dtype: torch.dtype = torch.bfloat16) -> None:
-        self.master = master
         self.working = copy.deepcopy(master).to(dtype)
         self.master_params = list(master.parameters())
         self.working_params = list(self.working.parameters())
