@@ -121,6 +121,20 @@ def test_collate_shifts_target_right(tmp_path) -> None:
     assert batch.src_tokens.dtype == torch.int64
 
 
+def test_collate_says_whether_any_source_row_is_padded(tmp_path) -> None:
+    data = load_data_bin(reversal_data_bin(tmp_path / "bin", train=40, valid=5)).split("train")
+    by_length: dict[int, list[int]] = {}
+    for i, size in enumerate(data.src_sizes.tolist()):
+        by_length.setdefault(size, []).append(i)
+    same = next(group for group in by_length.values() if len(group) >= 2)
+    short, long = min(by_length), max(by_length)
+    assert not collate(data, np.array(same)).src_padded
+    assert not collate(data, np.array(same)).to(torch.device("cpu")).src_padded  # `to` keeps it
+    assert not collate(data, np.array(same[:1])).src_padded
+    mixed = collate(data, np.array([by_length[long][0], by_length[short][0]]))
+    assert mixed.src_padded and (mixed.src_tokens == PAD_ID).any()
+
+
 def test_data_bin_errors(tmp_path) -> None:
     path = reversal_data_bin(tmp_path / "bin", train=10, valid=5)
     with pytest.raises(NmtError, match="'test' split"):

@@ -18,6 +18,7 @@ from torch import nn
 from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
 from nmt_cli.errors import NmtError
+from nmt_cli.models import layers as layers_module
 from nmt_cli.models import transformer as transformer_module
 from nmt_cli.models.transformer import vocabulary_logits
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
@@ -180,6 +181,31 @@ def test_encoder_and_decoder_ignore_padding() -> None:
     extra_pads = torch.cat([SRC, torch.full((4, 5), PAD)], dim=1)
     torch.testing.assert_close(model(extra_pads, PREV), model(SRC, PREV), atol=1e-10, rtol=0)
     torch.testing.assert_close(model(SRC, PREV)[1:2], model(alone_src, alone_prev), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_unpadded_source_runs_without_masks_and_gives_the_same_result(overrides: dict,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model(13, *vocab_sizes(overrides), **overrides)
+    src = padded_batch(14, [6, 6, 6, 6], vocab_sizes(overrides)[0])
+    expected = model(src, PREV)
+    expected.sum().backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    masks = []
+    attention = F.scaled_dot_product_attention
+
+    def recording_attention(*args, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return attention(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(layers_module.F, "scaled_dot_product_attention", recording_attention)
+    unmasked = model(src, PREV, src_padded=False)
+    assert len(masks) == 2 * model.cfg.encoder_layers + model.cfg.decoder_layers and all(m is None for m in masks)
+    torch.testing.assert_close(unmasked, expected, atol=1e-12, rtol=0)
+    unmasked.sum().backward()
+    for param, grad in zip(model.parameters(), expected_grads):
+        torch.testing.assert_close(param.grad, grad, atol=1e-12, rtol=0)
 
 
 def test_decoder_is_causal() -> None:

@@ -54,6 +54,7 @@ class Batch:
     target: torch.Tensor  # (B, T)
     ntokens: int  # non-pad target tokens
     nsentences: int
+    src_padded: bool = True  # False: every source row is as long as the batch (no pads)
 
     def to(self, device: torch.device) -> "Batch":
         # Pinned memory + non_blocking lets the copy overlap the previous step on GPU.
@@ -62,7 +63,8 @@ class Batch:
                 return t.pin_memory().to(device, non_blocking=True)
             return t.to(device)
 
-        return Batch(move(self.src_tokens), move(self.prev_output_tokens), move(self.target), self.ntokens, self.nsentences)
+        return Batch(move(self.src_tokens), move(self.prev_output_tokens), move(self.target), self.ntokens,
+                     self.nsentences, self.src_padded)
 
 
 def padded_rows(dataset: IndexedDataset, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,7 +82,7 @@ def padded_rows(dataset: IndexedDataset, indices: np.ndarray) -> tuple[np.ndarra
 def collate(pairs: PairDataset, indices: np.ndarray) -> Batch:
     """The padded batch of the pairs at `indices`. Target sentences end with `</s>`."""
     indices = np.asarray(indices, dtype=np.int64)
-    src_tokens, _ = padded_rows(pairs.src, indices)  # (B, S)
+    src_tokens, src_lengths = padded_rows(pairs.src, indices)  # (B, S)
     target, tgt_lengths = padded_rows(pairs.tgt, indices)  # (B, T)
     # `</s> y1 ... y_{n-1}`: the decoder predicts target[t] from target[:t].
     prev_output_tokens = np.roll(target, 1, axis=1)
@@ -88,7 +90,7 @@ def collate(pairs: PairDataset, indices: np.ndarray) -> Batch:
     prev_output_tokens[np.arange(target.shape[1])[None, :] >= tgt_lengths[:, None]] = PAD_ID
     return Batch(
         torch.from_numpy(src_tokens), torch.from_numpy(prev_output_tokens), torch.from_numpy(target),
-        int(tgt_lengths.sum()), len(indices),
+        int(tgt_lengths.sum()), len(indices), src_padded=bool(src_lengths.min() < src_tokens.shape[1]),
     )
 
 

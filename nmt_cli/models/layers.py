@@ -264,10 +264,11 @@ class CrossAttention(nn.Module):
         k, v = split_heads(self.kv_proj(memory), 2, self.num_heads)
         return k, v
 
-    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], attn_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], attn_mask: Tensor | None) -> Tensor:
         """x (B, T, D), kv from `project_kv`, attn_mask (B, 1, 1, S) -> (B, T, D).
 
-        attn_mask is bool (True where allowed) or additive float in x's dtype.
+        attn_mask is bool (True where allowed), additive float in x's dtype, or None
+        (every key allowed).
         """
         (q,) = split_heads(self.q_proj(x), 1, self.num_heads)  # (B, H, T, Dh)
         dropout = self.attention_dropout if self.training else 0.0
@@ -335,8 +336,8 @@ class EncoderLayer(nn.Module):
         self.fc2 = _linear(ffn_dim, dim)
         self.final_layer_norm = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, attn_mask: Tensor) -> Tensor:
-        """x (B, S, D), attn_mask (B, 1, 1, S) -> (B, S, D)."""
+    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
+        """x (B, S, D), attn_mask (B, 1, 1, S) or None (no pads) -> (B, S, D)."""
         w = self.wiring
         h = self.self_attn(w.before(x, self.self_attn_layer_norm), attn_mask, False)
         x = w.after(h, x, self.self_attn_layer_norm)
@@ -359,9 +360,9 @@ class DecoderLayer(nn.Module):
         self.fc2 = _linear(ffn_dim, dim)
         self.final_layer_norm = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], cross_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], cross_mask: Tensor | None) -> Tensor:
         """Teacher forcing: x (B, T, D), a whole right-padded target prefix -> (B, T, D);
-        cross_kv from `encoder_attn.project_kv`, cross_mask (B, 1, 1, S)."""
+        cross_kv from `encoder_attn.project_kv`, cross_mask (B, 1, 1, S) or None (no pads)."""
         w = self.wiring
         h = self.self_attn(w.before(x, self.self_attn_layer_norm), None, True)
         x = w.after(h, x, self.self_attn_layer_norm)

@@ -117,13 +117,16 @@ class TransformerEncoder(nn.Module):
         # Pre-norm leaves the last residual sum unnormalised; fairseq adds a final LayerNorm.
         self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
 
-    def forward(self, src_tokens: Tensor) -> EncoderOut:
-        """src_tokens (B, S), right-padded -> EncoderOut."""
+    def forward(self, src_tokens: Tensor, padded: bool = True) -> EncoderOut:
+        """src_tokens (B, S), right-padded -> EncoderOut. `padded=False`: no row has pads
+        (see Transformer.forward)."""
         padding_mask = src_tokens.eq(PAD_ID)  # (B, S)
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # (B, S, D)
         x = maybe_dropout(x, self.dropout, self.training)
-        x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # as fairseq: pads enter the layers as zeros
-        attn_mask = key_padding_to_attn_mask(padding_mask)  # (B, 1, 1, S)
+        attn_mask = None
+        if padded:
+            x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # as fairseq: pads enter the layers as zeros
+            attn_mask = key_padding_to_attn_mask(padding_mask)  # (B, 1, 1, S)
         for layer in self.layers:
             x = layer(x, attn_mask)
         if self.layer_norm is not None:
@@ -157,10 +160,11 @@ class TransformerDecoder(nn.Module):
         x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions(tokens, start)
         return maybe_dropout(x, self.dropout, self.training)
 
-    def forward(self, prev_output_tokens: Tensor, encoder_out: EncoderOut) -> Tensor:
-        """Teacher forcing: prev_output_tokens (B, T), right-padded -> hidden states (B, T, D)."""
+    def forward(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, src_padded: bool = True) -> Tensor:
+        """Teacher forcing: prev_output_tokens (B, T), right-padded -> hidden states (B, T, D).
+        `src_padded=False`: no source row has pads (see Transformer.forward)."""
         x = self.embed(prev_output_tokens, None)
-        cross_mask = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
+        cross_mask = key_padding_to_attn_mask(encoder_out.padding_mask) if src_padded else None  # (B, 1, 1, S)
         for layer in self.layers:
             # Target pads need no key mask: with right padding, causality already hides them.
             x = layer(x, layer.encoder_attn.project_kv(encoder_out.out), cross_mask)
@@ -214,13 +218,17 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(cfg, encoder_embed)
         self.decoder = TransformerDecoder(cfg, decoder_embed, share_output)
 
-    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False,
+                src_padded: bool = True) -> Tensor:
         """Teacher forcing: (B, S), (B, T) -> logits (B, T, V), or hidden (B, T, D) if features_only.
 
         `features_only` lets a trainer apply `output_projection` in chunks (large V)
         while the forward pass still runs through a DDP wrapper.
+        `src_padded=False` promises that no source row has pads, as in most batches of
+        length-sorted training data: attention then runs without a key mask, which lets
+        a GPU use its fastest kernel (FlashAttention). The default is always correct.
         """
-        hidden = self.decoder(prev_output_tokens, self.encoder(src_tokens))
+        hidden = self.decoder(prev_output_tokens, self.encoder(src_tokens, src_padded), src_padded)
         return hidden if features_only else self.decoder.output_projection(hidden)
 
     def extract_features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:

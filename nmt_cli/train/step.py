@@ -45,12 +45,13 @@ class ModelWithLoss(nn.Module):
         self.device_type = device_type
         self.autocast_dtype = autocast_dtype
 
-    def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor, target: torch.Tensor):
+    def forward(self, src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor, target: torch.Tensor,
+                src_padded: bool = True):
         if self.autocast_dtype is None:
-            logits = self.model(src_tokens, prev_output_tokens)  # (B, T, V)
+            logits = self.model(src_tokens, prev_output_tokens, src_padded=src_padded)  # (B, T, V)
         else:
             with torch.autocast(self.device_type, dtype=self.autocast_dtype):
-                logits = self.model(src_tokens, prev_output_tokens)
+                logits = self.model(src_tokens, prev_output_tokens, src_padded=src_padded)
         return label_smoothed_nll_loss(logits, target, self.label_smoothing, PAD_ID)
 
 
@@ -158,7 +159,7 @@ def train_update(
     for i, (indices, weight) in enumerate(passes):
         batch = collate(data, indices).to(engine.device)
         with _no_sync_unless(runner, sync=i == len(passes) - 1):
-            loss, nll = runner(batch.src_tokens, batch.prev_output_tokens, batch.target)
+            loss, nll = runner(batch.src_tokens, batch.prev_output_tokens, batch.target, batch.src_padded)
             scaled = loss * (grad_scale * weight)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
         if master is not None:
@@ -198,7 +199,7 @@ def evaluate(engine: Engine, data: PairDataset, batches: list[np.ndarray]) -> di
     for indices in batches[engine.dist.rank :: engine.dist.world_size]:
         batch = collate(data, indices).to(engine.device)
         with engine.autocast():
-            logits = model(batch.src_tokens, batch.prev_output_tokens)  # (B, T, V)
+            logits = model(batch.src_tokens, batch.prev_output_tokens, src_padded=batch.src_padded)  # (B, T, V)
         loss, nll = label_smoothed_nll_loss(logits, batch.target, engine.cfg.label_smoothing, PAD_ID)
         totals += torch.stack([loss.double(), nll.double(), torch.tensor(float(batch.ntokens), dtype=torch.float64, device=engine.device)])
     loss, nll, tokens = all_reduce_sum(totals, engine.dist).tolist()
