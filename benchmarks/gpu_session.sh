@@ -33,12 +33,14 @@ fi
 if [ -n "${SMOKE:-}" ]; then  # tiny sizes on the CPU: checks this script, measures nothing
     TRAIN_BASE="--arch transformer_tiny --device cpu --batch-size 8 --seq-len 8 --vocab 100 --steps 2 --warmup 1"
     TRAIN_BIG=$TRAIN_BASE
+    ATTENTION="--device cpu --batch-size 8 --steps 2 --warmup 1"
     DECODE="--arch transformer_tiny --vocab 100 --sentences 16 --tgt-len 4 --device cpu --cuda-graphs"
     DECODE_LARGE_BATCH=16
     DECODE_BATCH=8
 else
     TRAIN_BASE="--arch transformer_base --device cuda --precision bf16"
     TRAIN_BIG="--arch transformer_big --device cuda --precision bf16"
+    ATTENTION="--device cuda --precision bf16"
     DECODE="--arch transformer_base --vocab 32000 --sentences 2048 --device cuda --precision bf16 --cuda-graphs"
     DECODE_LARGE_BATCH=512
     DECODE_BATCH=128
@@ -66,7 +68,7 @@ step() {
     local rc=$?
     cat "$OUT/.step" >>"$LOG"
     printf '%-24s exit %3d after %3d s (limit %d s)\n' "$name" "$rc" $((SECONDS - start)) "$limit" >>"$SUMMARY"
-    grep -E '^(nmt|torch|hf|fairseq|ratio|#|[0-9]+ (passed|failed)|FAILED|ERROR)' "$OUT/.step" | sed 's/^/    /' >>"$SUMMARY"
+    grep -E '^(nmt|torch|hf|fairseq|ratio|#|[0-9]+ (passed|failed)|FAILED|ERROR|key mask|no mask|causal|per update)' "$OUT/.step" | sed 's/^/    /' >>"$SUMMARY"
 }
 
 step machine 30 bash -c 'nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; python3 -c "
@@ -78,6 +80,8 @@ step train_base 100 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-a
     --pure-bf16 --profile
 step train_big 80 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings --systems nmt,hf \
     --pure-bf16 --profile
+step attention_base 30 python3 benchmarks/attention_kernels.py $ATTENTION --heads 8
+step attention_big 30 python3 benchmarks/attention_kernels.py $ATTENTION --heads 16
 step train_base_compiled 180 python3 benchmarks/train_throughput.py $TRAIN_BASE --share-all-embeddings \
     --systems nmt,torch --compile --pure-bf16 --profile
 step train_big_compiled 150 python3 benchmarks/train_throughput.py $TRAIN_BIG --share-all-embeddings \
