@@ -201,7 +201,7 @@ def test_unpadded_source_runs_without_masks_and_gives_the_same_result(overrides:
 
     monkeypatch.setattr(layers_module.F, "scaled_dot_product_attention", recording_attention)
     unmasked = model(src, PREV, src_padded=False)
-    assert len(masks) == 2 * model.cfg.encoder_layers + model.cfg.decoder_layers and all(m is None for m in masks)
+    assert len(masks) == model.cfg.encoder_layers + 2 * model.cfg.decoder_layers and all(m is None for m in masks)
     torch.testing.assert_close(unmasked, expected, atol=1e-12, rtol=0)
     unmasked.sum().backward()
     for param, grad in zip(model.parameters(), expected_grads):
