@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 import warnings
 from collections.abc import Callable
 
@@ -26,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from device_profile import seconds_per_call
 
 BACKENDS = {
     "default": None,
@@ -67,21 +68,6 @@ def attention_call(case: str, batch: int, heads: int, length: int, head_dim: int
         torch.autograd.grad(out, (q, k, v), grad)  # fresh gradients: no accumulation kernels timed
 
     return run
-
-
-def seconds_per_call(run: Callable[[], None], steps: int, warmup: int, device: torch.device) -> float:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    for _ in range(warmup):
-        run()
-    sync()
-    start = time.perf_counter()
-    for _ in range(steps):
-        run()
-    sync()
-    return (time.perf_counter() - start) / steps
 
 
 def measure(args, case: str, backend: SDPBackend | None, dtype: torch.dtype, device: torch.device):

@@ -1,4 +1,5 @@
-"""How busy the device is during a benchmark step: kernel time against wall time.
+"""Timing a benchmark step on its device, and how busy the device is during it: kernel
+time against wall time.
 
 A step whose kernels keep the GPU busy for a small part of its wall time is bound by
 the host launching them, not by the GPU. Needs torch; imported only by the processes
@@ -15,29 +16,36 @@ import torch
 from torch.autograd import DeviceType
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_per_call(run: Callable[[], None], steps: int, warmup: int, device: torch.device) -> float:
+    """Wall time of one call of `run`, the mean of `steps` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
 def device_busy_line(run: Callable[[], None], repeats: int, unit: str, device: torch.device) -> str:
     """Time `repeats` calls of `run`, then profile as many: one summary line (returned)
     and the top operators by device time (stderr). The wall time comes from the
     unprofiled calls, since profiling slows the host down."""
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    run()
-    sync()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        run()
-    sync()
-    wall = (time.perf_counter() - start) / repeats
+    wall = seconds_per_call(run, repeats, 1, device)
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
         for _ in range(repeats):
             run()
-        sync()
+        synchronize(device)
     events = prof.key_averages()
     sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=sort_by, row_limit=25), file=sys.stderr)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import self_peak_rss_mib
-from device_profile import device_busy_line
+from device_profile import device_busy_line, synchronize
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
@@ -85,11 +85,6 @@ def timed(step: Callable[[int], None], steps: int, warmup: int, tokens_per_step:
     elapsed = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return tokens_per_step * steps / elapsed, peak
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: bool = False,
