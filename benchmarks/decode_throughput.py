@@ -357,17 +357,21 @@ def measure_ct2(args: argparse.Namespace) -> float:
     return best
 
 
-def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path) -> float:
-    """nmt's beam search on the weights of the fairseq model (imported by `nmt import-fairseq`)."""
+def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path, int8: bool = False) -> float:
+    """nmt's beam search on the weights of the fairseq model (imported by `nmt import-fairseq`);
+    `int8`: with 8-bit linear layers, as `nmt translate --precision int8`."""
     import torch
 
     from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
     from nmt_cli.config import DecodeConfig
     from nmt_cli.decode.search import generate
+    from nmt_cli.models.int8 import quantize_linears
 
     as_nmt_translate(args)
     state = load_checkpoint(checkpoint)
     model = model_from_checkpoint(state, checkpoint).to(args.device).eval()
+    if int8:
+        quantize_linears(model)
     decode = DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
 
     def run_batch(tokens):
@@ -400,7 +404,10 @@ def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float 
                     "--unsafe_deserialization"], check=True, capture_output=True, env=peer_env())
     subprocess.run([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(args.work_dir),
                     "--out", str(args.work_dir / "nmt-run"), "-s", "src", "-t", "tgt"], check=True, capture_output=True)
-    results: dict[str, float | str] = {f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, args.work_dir / "nmt-run" / "checkpoint.pt")}
+    imported = args.work_dir / "nmt-run" / "checkpoint.pt"
+    results: dict[str, float | str] = {f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, imported)}
+    if not args.device.startswith("cuda"):
+        results[f"nmt int8 beam{args.beam}, fairseq weights"] = measure_nmt_imported(args, imported, int8=True)
     for name, system, extra in ((f"fairseq beam{args.beam}", "fairseq", ()),
                                 (f"ct2 float32 beam{args.beam}", "ct2", ("--compute-type", "float32")),
                                 (f"ct2 int8 beam{args.beam}", "ct2", ("--compute-type", "int8"))):
@@ -426,9 +433,9 @@ def guarded(measure) -> float | str:
 
 def report(name: str, args: argparse.Namespace, seconds: float | str, target_tokens: int) -> None:
     if isinstance(seconds, str):
-        print(f"{name:<27} {seconds}")
+        print(f"{name:<32} {seconds}")
         return
-    print(f"{name:<27} {args.sentences} sentences in {seconds:7.2f} s: {args.sentences / seconds:8.1f} sentences/s "
+    print(f"{name:<32} {args.sentences} sentences in {seconds:7.2f} s: {args.sentences / seconds:8.1f} sentences/s "
           f"{target_tokens / seconds:9.0f} target tokens/s")
 
 
@@ -487,10 +494,18 @@ def main(argv: list[str] | None = None) -> None:
         peers = {name: seconds for name, seconds in same_weights.items() if not name.startswith("nmt") and not isinstance(seconds, str)}
         if not isinstance(theirs, str):
             peers[f"hf beam{args.beam}"] = theirs
+        for ours_name, theirs_name in ((f"nmt beam{args.beam}, fairseq weights", f"ct2 float32 beam{args.beam}"),
+                                       (f"nmt int8 beam{args.beam}, fairseq weights", f"ct2 int8 beam{args.beam}")):
+            pair = same_weights.get(ours_name), same_weights.get(theirs_name)
+            if all(isinstance(seconds, float) for seconds in pair):
+                print(f"ratio {ours_name.split(',')[0]} / {theirs_name}: {pair[1] / pair[0]:.2f}x sentences/s")
         if peers:
             best = min(peers, key=peers.get)
-            nmt_seconds = same_weights.get(f"nmt beam{args.beam}, fairseq weights", ours)
-            print(f"ratio nmt / best peer ({best}): {peers[best] / nmt_seconds:.2f}x sentences/s")
+            ours_rows = {name: seconds for name, seconds in same_weights.items()
+                         if name.startswith("nmt") and isinstance(seconds, float)}
+            fastest = min(ours_rows, key=ours_rows.get) if ours_rows else f"nmt beam{args.beam}"
+            nmt_seconds = ours_rows.get(fastest, ours)
+            print(f"ratio nmt / best peer ({fastest.split(',')[0]} / {best}): {peers[best] / nmt_seconds:.2f}x sentences/s")
 
 
 if __name__ == "__main__":

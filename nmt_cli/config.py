@@ -163,6 +163,8 @@ OUTPUT_FORMATS = ("text", "bpe", "jsonl")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # Training only: the model itself in bf16, float32 master weights (nmt_cli/train/master_weights.py).
 TRAIN_PRECISIONS = PRECISIONS + ("pure-bf16",)
+# Translation only, on a CPU: 8-bit integer linear layers (nmt_cli/models/int8.py).
+TRANSLATE_PRECISIONS = PRECISIONS + ("int8",)
 ERROR_POLICIES = ("strict", "replace")
 
 
@@ -194,7 +196,7 @@ class TranslateConfig:
         for name, value, allowed in (
             ("--input-format", self.input_format, INPUT_FORMATS),
             ("--output-format", self.output_format, OUTPUT_FORMATS),
-            ("--precision", self.precision, PRECISIONS),
+            ("--precision", self.precision, TRANSLATE_PRECISIONS),
             ("--errors", self.errors, ERROR_POLICIES),
         ):
             if value not in allowed:

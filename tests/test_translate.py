@@ -267,6 +267,35 @@ def test_ensemble_path_with_itself_equals_single_model(run_dir):
     assert single.exit_code == 0 and single.stdout == double.stdout
 
 
+def test_int8_keeps_every_line_in_order_whatever_the_batching_and_mostly_agrees_with_fp32(run_dir):
+    lines = generated_sentences(40, seed=9)
+    text = "\n".join(lines) + "\n"
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    int8 = (*FAST, "--output-format", "bpe", "--precision", "int8")
+    fp32 = nmt("--path", ckpt, *FAST, "--output-format", "bpe", input=text)
+    together = nmt("--path", ckpt, *int8, "--max-tokens", "60", input=text)
+    one_by_one = nmt("--path", ckpt, *int8, "--buffer-size", "1", input=text)
+    ensemble = nmt("--path", f"{ckpt}:{ckpt}", *int8, input=text)
+    for result in (fp32, together, one_by_one, ensemble):
+        assert result.exit_code == 0, result.stderr
+    # Each row is quantized on its own and integer sums are exact: batching changes nothing.
+    assert together.stdout == one_by_one.stdout == ensemble.stdout
+    assert len(together.stdout.splitlines()) == 40
+    same = sum(a == b for a, b in zip(together.stdout.splitlines(), fp32.stdout.splitlines()))
+    assert same >= 24, f"{same} of 40 lines as in fp32"
+
+
+def test_int8_errors_are_one_line(run_dir, monkeypatch):
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    on_gpu = nmt("--path", ckpt, "--precision", "int8", "--device", "cuda", input="the dog\n")
+    assert on_gpu.exit_code == 1
+    assert on_gpu.stderr.strip() == "error: --precision int8 needs --device cpu (use bf16 or fp16 on a GPU)"
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    no_kernels = nmt("--path", ckpt, *FAST, "--precision", "int8", input="the dog\n")
+    assert no_kernels.exit_code == 1
+    assert no_kernels.stderr.strip() == "error: --precision int8: this torch build has no oneDNN (use --precision fp32)"
+
+
 def test_invalid_utf8_is_an_error_with_the_line_number_and_earlier_lines_survive(run_dir, tmp_path):
     ckpt = str(run_dir / "checkpoint_best.pt")
     data = b"the dog runs\nthe red ball\nbad \xff\xfe byte\nthe grass\n"

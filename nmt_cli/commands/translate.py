@@ -16,7 +16,7 @@ from nmt_cli.config import (
     INPUT_FORMATS,
     LENPEN_STYLES,
     OUTPUT_FORMATS,
-    PRECISIONS,
+    TRANSLATE_PRECISIONS,
     DecodeConfig,
     TranslateConfig,
 )
@@ -26,10 +26,10 @@ from nmt_cli.errors import NmtError
 DEFAULT_BUFFER_SIZE = 2000
 
 
-def _default_device() -> str:
+def _default_device(precision: str) -> str:
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if torch.cuda.is_available() and precision != "int8" else "cpu"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -81,10 +81,11 @@ def _default_device() -> str:
               help="Source tokens per batch, padding included [default: 4096 unless --batch-size is given].")
 @click.option("--batch-size", type=int, default=None, help="Sentences per batch (at most).")
 @click.option("--device", default=None,
-              help="cpu, cuda or cuda:N [default: cuda when available, else cpu].")
+              help="cpu, cuda or cuda:N [default: cuda when available (and not --precision int8), else cpu].")
 @click.option("--threads", type=int, default=None, help="CPU threads for the model [default: torch's].")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True,
-              help="bf16/fp16 run the model under autocast (fp16 on cuda only); search stays in fp32.")
+@click.option("--precision", type=click.Choice(TRANSLATE_PRECISIONS), default="fp32", show_default=True,
+              help="bf16/fp16 run the model under autocast (fp16 on cuda only); int8: 8-bit integer linear "
+                   "layers, on the CPU only; search stays in fp32.")
 @click.option("--cuda-graphs/--no-cuda-graphs", default=None,
               help="Replay each decoding step (model and search) as one CUDA graph: one launch instead of "
                    "hundreds of small kernels; same translations [default: on with a cuda device].")
@@ -113,6 +114,7 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
       nmt translate --path run/checkpoint_best.pt --beam 4 --lenpen 0.6 --lenpen-style gnmt \\
           --max-len-a 1 --max-len-b 50 -i test.en -o hyp.de
       nmt translate --path a.pt:b.pt --data-bin data-bin --output-format jsonl --nbest 4
+      nmt translate --path run/checkpoint_best.pt --precision int8 --threads 4 -i test.en -o hyp.de
     """
     decode = DecodeConfig(
         beam=beam, nbest=nbest, lenpen=lenpen, lenpen_style=lenpen_style, max_len_a=max_len_a,
@@ -125,7 +127,7 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
         checkpoints=tuple(path.split(":")), decode=decode, data_bin=data_bin, input_format=input_format,
         output_format=output_format,
         buffer_size=buffer_size or (1 if reading_terminal else DEFAULT_BUFFER_SIZE),
-        max_tokens=max_tokens, batch_size=batch_size, device=device or _default_device(), threads=threads,
+        max_tokens=max_tokens, batch_size=batch_size, device=device or _default_device(precision), threads=threads,
         precision=precision, cuda_graphs=cuda_graphs, errors=errors, quiet=quiet,
     )
     run(cfg, input_path, output_path)

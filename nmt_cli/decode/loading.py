@@ -19,6 +19,7 @@ from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.errors import NmtError
+from nmt_cli.models.int8 import quantize_linears
 from nmt_cli.text.pipeline import TextPipeline, read_meta
 
 
@@ -50,14 +51,17 @@ def dictionary_from_symbols(symbols: list[str], source: str) -> Dictionary:
     return Dictionary(symbols[len(SPECIALS) :], [1] * (len(symbols) - len(SPECIALS)))
 
 
-def load_models(paths: tuple[str, ...], device: torch.device) -> LoadedModels:
-    """Load every checkpoint (an ensemble when several), in eval mode on `device`."""
+def load_models(paths: tuple[str, ...], device: torch.device, int8: bool = False) -> LoadedModels:
+    """Load every checkpoint (an ensemble when several), in eval mode on `device`;
+    `int8`: with 8-bit integer linear layers (a CPU only)."""
     models, dicts, first = [], [], None
     for path in paths:
         state = load_checkpoint(path)
         model = model_from_checkpoint(state, path).to(device).eval()
         for param in model.parameters():
             param.requires_grad_(False)
+        if int8:
+            quantize_linears(model)
         models.append(model)
         dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
         first = first or state

@@ -74,13 +74,15 @@ class Translator:
         self.cfg = cfg
         self.warn = warn
         self.device = torch.device(cfg.device)
+        if cfg.precision == "int8" and self.device.type != "cpu":
+            raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise NmtError("--device cuda: no CUDA device is available (use --device cpu)")
         if cfg.precision == "fp16" and self.device.type == "cpu":
             raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
         if cfg.cuda_graphs and self.device.type != "cuda":
             raise NmtError("--cuda-graphs needs --device cuda")
-        self.models: LoadedModels = load_models(cfg.checkpoints, self.device)
+        self.models: LoadedModels = load_models(cfg.checkpoints, self.device, int8=cfg.precision == "int8")
         self.decoder = self.models.decoder
         # With CUDA graphs (by default on a GPU, where they decode several times faster),
         # beam search on one model is one graph per step; otherwise (ensembles, sampling,
@@ -159,7 +161,7 @@ class Translator:
         return generate(self.decoder, src_tokens, self.cfg.decode, max_positions, self.generator)
 
     def _autocast(self):
-        if self.cfg.precision == "fp32":
+        if self.cfg.precision in ("fp32", "int8"):
             return nullcontext()
         dtype = torch.bfloat16 if self.cfg.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)

@@ -264,7 +264,11 @@ class Transformer(nn.Module):
 
     def _log_probs(self, hidden: Tensor) -> Tensor:
         """Last hidden states (N, D) -> float32 log-probabilities (N, V)."""
-        logits = vocabulary_logits(hidden, self.decoder.output_projection.weight)
+        projection = self.decoder.output_projection
+        if isinstance(projection, nn.Linear):
+            logits = vocabulary_logits(hidden, projection.weight)
+        else:  # an Int8Linear (translate --precision int8) has no float weight
+            logits = projection(hidden)
         # dtype= reads bf16/fp16 logits directly: no float32 copy of them is written first.
         return F.log_softmax(logits, dim=-1, dtype=torch.float32)
 
