@@ -36,7 +36,7 @@ import time
 import zlib
 from pathlib import Path
 
-from common import PEER_PYTHON, peer_bin, peer_env, peer_has, self_peak_rss_mib
+from common import PEER_PYTHON, machine_line, peer_bin, peer_env, peer_has, self_peak_rss_mib
 
 HERE = Path(__file__).resolve().parent
 # Its own environment (git-ignored as any .venv/): other benchmarks install other peers elsewhere.
@@ -462,6 +462,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         print(json.dumps({"seconds": measure_fairseq(args), "peak_rss_mib": self_peak_rss_mib()}))
         return
+    print(machine_line())
     each = "as many target tokens as source tokens" if args.tgt_len_from_source else f"{args.tgt_len}+1 target tokens"
     print(f"# {args.arch} sizes, vocab {args.vocab}, {args.sentences} sentences, batch {args.batch_size}, "
           f"beam {args.beam}, {each} each, {args.device} {args.precision}, {torch.get_num_threads()} threads")
