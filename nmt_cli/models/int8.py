@@ -3,7 +3,7 @@
 Every linear layer of a loaded model (attention projections, feed-forward layers, the
 output projection) is replaced by `Int8Linear`, which multiplies 8-bit integers with
 oneDNN's int8 matrix product (the kernel Inductor emits for quantized models on x86).
-The scheme, as CTranslate2's and Marian's int8 decoding:
+The scheme is CTranslate2's, with activations in 7 bits instead of 8:
 
 * weights: symmetric, one scale per output feature, w[n, k] ~ w_scale[n] * w_q[n, k]
   with w_q in [-127, 127], quantized once at load time;
@@ -34,12 +34,20 @@ ACTIVATION_RANGE = 63
 
 
 def int8_unavailable_reason() -> str | None:
-    """Why this torch build cannot run Int8Linear, or None when it can."""
+    """Why this torch build or CPU cannot run Int8Linear, or None when it can."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
     for name in ("qlinear_prepack", "qlinear_pointwise"):
         if not hasattr(torch.ops.onednn, name):
             return f"this torch build has no torch.ops.onednn.{name}"
+    probe = nn.utils.skip_init(nn.Linear, 4, 2)  # no initialisation: the global RNG stays untouched
+    with torch.no_grad():
+        probe.weight.fill_(1.0)
+        probe.bias.zero_()
+    try:  # the ops can exist where their kernels cannot run (a CPU that is not x86)
+        Int8Linear(probe)(torch.ones(1, 4))
+    except RuntimeError as error:
+        return f"oneDNN's int8 kernels do not run here ({str(error).splitlines()[0][:200]})"
     return None
 
 
