@@ -503,10 +503,9 @@ def main(argv: list[str] | None = None) -> None:
         if peers:
             best = min(peers, key=peers.get)
             ours_rows = {name: seconds for name, seconds in same_weights.items()
-                         if name.startswith("nmt") and isinstance(seconds, float)}
-            fastest = min(ours_rows, key=ours_rows.get) if ours_rows else f"nmt beam{args.beam}"
-            nmt_seconds = ours_rows.get(fastest, ours)
-            print(f"ratio nmt / best peer ({fastest.split(',')[0]} / {best}): {peers[best] / nmt_seconds:.2f}x sentences/s")
+                         if name.startswith("nmt") and isinstance(seconds, float)} or {f"nmt beam{args.beam}": ours}
+            fastest = min(ours_rows, key=ours_rows.get)
+            print(f"ratio nmt / best peer ({fastest.split(',')[0]} / {best}): {peers[best] / ours_rows[fastest]:.2f}x sentences/s")
 
 
 if __name__ == "__main__":

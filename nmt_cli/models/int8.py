@@ -31,6 +31,8 @@ from nmt_cli.errors import NmtError
 WEIGHT_MAX = 127
 ACTIVATION_ZERO = 64  # activations x_q - 64 in [-63, 63]
 ACTIVATION_RANGE = 63
+# Added before the cast to bytes, which truncates: the zero point, and 0.5 to round to nearest.
+ROUNDING_OFFSET = torch.tensor(ACTIVATION_ZERO + 0.5)
 
 
 def int8_unavailable_reason() -> str | None:
@@ -67,7 +69,7 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     scale = largest.div_(ACTIVATION_RANGE).clamp_(min=torch.finfo(torch.float32).tiny)  # (M, 1)
     # x / scale is within [-63, 63] up to rounding, so x / scale + 64.5 lies in [1.5, 127.5]
     # and the cast's truncation rounds to the nearest of [1, 127]: no clamp needed.
-    values = torch.addcmul(torch.tensor(ACTIVATION_ZERO + 0.5), x, scale.reciprocal()).to(torch.uint8)
+    values = torch.addcmul(ROUNDING_OFFSET, x, scale.reciprocal()).to(torch.uint8)
     return values, scale
 
 
