@@ -18,6 +18,7 @@ import torch
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
+from nmt_cli.decode.row_topk import BLOCK, MIN_WIDTH_PER_BLOCK_KEPT
 from nmt_cli.decode.search import beam_candidates, force_eos, generate
 from nmt_cli.errors import NmtError
 
@@ -266,6 +267,25 @@ def test_batched_beam_search_matches_plain_reference(beam, overrides, lagged_syn
             assert len(h.positional_scores) == len(h.tokens)
             divisor = len(h.tokens) ** cfg.lenpen if cfg.lenpen_style == "fairseq" else ((5 + len(h.tokens)) / 6) ** cfg.lenpen
             assert sum(h.positional_scores) / divisor == pytest.approx(h.score, abs=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"no_repeat_ngram_size": 2, "unk_penalty": 0.5, "min_len": 2}])
+def test_beam_search_over_a_wide_vocabulary_matches_plain_reference(overrides):
+    """A vocabulary wide enough for row_topk's block pass (64 blocks of 64 and 45 more)."""
+    vocab, beam = 4141, 4
+    assert vocab >= MIN_WIDTH_PER_BLOCK_KEPT * 2 * beam * BLOCK
+    model = RandomDecoder(vocab=vocab, eos_bias=1.5)
+    lengths = [5, 2, 4]
+    src_tokens = torch.full((3, 5), PAD_ID)
+    for i, n in enumerate(lengths):
+        src_tokens[i, : n - 1] = 10 + i
+        src_tokens[i, n - 1] = EOS_ID
+    cfg = DecodeConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=1, **overrides)
+    got = generate(model, src_tokens, cfg, max_target_positions=1024)
+    for i, n in enumerate(lengths):
+        expected = reference_beam(model, 10 + i, n, cfg)
+        assert [h.tokens for h in got[i]] == [e[0] for e in expected], f"sentence {i}"
+        assert [h.score for h in got[i]] == pytest.approx([e[1] for e in expected], abs=1e-5)
 
 
 @pytest.mark.parametrize("lagged_sync", [False, True])

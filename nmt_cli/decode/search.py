@@ -37,6 +37,7 @@ from torch import Tensor
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.lenpen import length_penalty
+from nmt_cli.decode.row_topk import row_topk
 from nmt_cli.decode.sampling import sample_candidates
 from nmt_cli.errors import NmtError
 
@@ -144,10 +145,10 @@ def beam_candidates(lprobs: Tensor, cum_scores: Tensor, first_step: bool) -> tup
     B, K, V = lprobs.shape
     per_beam = min(2 * K, V)
     if first_step:  # all beams are the same at step 0
-        scores, tokens = lprobs[:, 0, :].topk(per_beam, dim=1)
+        scores, tokens = row_topk(lprobs[:, 0, :], per_beam)
         return scores, tokens, torch.zeros_like(tokens)
-    beam_best, beam_tokens = lprobs.topk(per_beam, dim=2)  # (B, K, per_beam)
-    summed = (beam_best + cum_scores.unsqueeze(2)).view(B, K * per_beam)
+    beam_best, beam_tokens = row_topk(lprobs.reshape(B * K, V), per_beam)  # (B*K, per_beam)
+    summed = (beam_best.view(B, K, per_beam) + cum_scores.unsqueeze(2)).view(B, K * per_beam)
     scores, index = summed.topk(min(2 * K, K * per_beam), dim=1)
     return scores, beam_tokens.view(B, -1).gather(1, index), torch.div(index, per_beam, rounding_mode="floor")
 
