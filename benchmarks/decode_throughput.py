@@ -184,6 +184,7 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
 
     from nmt_cli.decode.fixed_search import FixedSearch
     from nmt_cli.decode.graphs import with_fixed_steps
+    from nmt_cli.decode.loading import prepare_linears
     from nmt_cli.decode.search import generate
     from nmt_cli.models.registry import build_model, resolve_config
 
@@ -191,6 +192,7 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
     torch.manual_seed(args.seed)
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
     model = build_model(cfg, args.vocab, args.vocab).to(args.device).eval()
+    prepare_linears(model, args.precision, torch.device(args.device))  # as translate: bf16 on a CPU packs them
     # As translate on a GPU; on a CPU the same fixed-shape steps run without graphs.
     capture_failures: list[str] = []
     decoder = model
@@ -357,28 +359,24 @@ def measure_ct2(args: argparse.Namespace) -> float:
     return best
 
 
-def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path, int8: bool = False) -> float:
-    """nmt's beam search on the weights of the fairseq model (imported by `nmt import-fairseq`);
-    `int8`: with 8-bit linear layers, as `nmt translate --precision int8`."""
+def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path, precision: str) -> float:
+    """nmt's beam search on the weights of the fairseq model (imported by `nmt import-fairseq`),
+    loaded as `nmt translate --precision <precision>` loads it."""
     import torch
 
-    from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
-    from nmt_cli.config import DecodeConfig
+    from nmt_cli.decode.loading import load_models
     from nmt_cli.decode.search import generate
-    from nmt_cli.models.int8 import quantize_linears
 
     as_nmt_translate(args)
-    state = load_checkpoint(checkpoint)
-    model = model_from_checkpoint(state, checkpoint).to(args.device).eval()
-    if int8:
-        quantize_linears(model)
-    decode = DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=args.tgt_len, min_len=args.tgt_len)
+    loaded = load_models((str(checkpoint),), torch.device(args.device), precision)
+    decode = forced_lengths(args, args.beam, loaded.max_target_positions)
 
     def run_batch(tokens):
-        hyps = generate(model, tokens, decode, model.cfg.max_target_positions)
+        hyps = generate(loaded.decoder, tokens, decode, loaded.max_target_positions)
         assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
 
-    return timed(torch, args, run_batch, source_sentences(args))
+    as_translate = argparse.Namespace(**{**vars(args), "precision": "fp32" if precision == "int8" else precision})
+    return timed(torch, as_translate, run_batch, source_sentences(args))
 
 
 def run_in_peer_env(args: argparse.Namespace, argv: list[str], system: str, *extra: str) -> dict | str:
@@ -392,6 +390,8 @@ def run_in_peer_env(args: argparse.Namespace, argv: list[str], system: str, *ext
 
 def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float | str]:
     """fairseq, CTranslate2 (float32, int8) and nmt, all on one random-weight fairseq model."""
+    from nmt_cli.models.packed_bf16 import packed_bf16_unavailable_reason
+
     if not peer_has("fairseq", "ctranslate2"):
         return {"fairseq": "skipped (run benchmarks/setup_peers.sh)"}
     args.work_dir = Path(tempfile.mkdtemp(prefix="nmt-decode-bench-"))
@@ -405,9 +405,12 @@ def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float 
     subprocess.run([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(args.work_dir),
                     "--out", str(args.work_dir / "nmt-run"), "-s", "src", "-t", "tgt"], check=True, capture_output=True)
     imported = args.work_dir / "nmt-run" / "checkpoint.pt"
-    results: dict[str, float | str] = {f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, imported)}
+    results: dict[str, float | str] = {
+        f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, imported, args.precision)}
     if not args.device.startswith("cuda"):
-        results[f"nmt int8 beam{args.beam}, fairseq weights"] = measure_nmt_imported(args, imported, int8=True)
+        results[f"nmt int8 beam{args.beam}, fairseq weights"] = measure_nmt_imported(args, imported, "int8")
+        if args.precision == "fp32" and packed_bf16_unavailable_reason() is None:  # a CPU with bf16 instructions
+            results[f"nmt bf16 beam{args.beam}, fairseq weights"] = measure_nmt_imported(args, imported, "bf16")
     for name, system, extra in ((f"fairseq beam{args.beam}", "fairseq", ()),
                                 (f"ct2 float32 beam{args.beam}", "ct2", ("--compute-type", "float32")),
                                 (f"ct2 int8 beam{args.beam}", "ct2", ("--compute-type", "int8"))):

@@ -20,6 +20,7 @@ from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.errors import NmtError
 from nmt_cli.models.int8 import quantize_linears
+from nmt_cli.models.packed_bf16 import pack_linears_bf16
 from nmt_cli.text.pipeline import TextPipeline, read_meta
 
 
@@ -51,17 +52,16 @@ def dictionary_from_symbols(symbols: list[str], source: str) -> Dictionary:
     return Dictionary(symbols[len(SPECIALS) :], [1] * (len(symbols) - len(SPECIALS)))
 
 
-def load_models(paths: tuple[str, ...], device: torch.device, int8: bool = False) -> LoadedModels:
-    """Load every checkpoint (an ensemble when several), in eval mode on `device`;
-    `int8`: with 8-bit integer linear layers (a CPU only)."""
+def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "fp32") -> LoadedModels:
+    """Load every checkpoint (an ensemble when several), in eval mode on `device`, with
+    the linear layers `precision` asks for (see prepare_linears)."""
     models, dicts, first = [], [], None
     for path in paths:
         state = load_checkpoint(path)
         model = model_from_checkpoint(state, path).to(device).eval()
         for param in model.parameters():
             param.requires_grad_(False)
-        if int8:
-            quantize_linears(model)
+        prepare_linears(model, precision, device)
         models.append(model)
         dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
         first = first or state
@@ -75,6 +75,16 @@ def load_models(paths: tuple[str, ...], device: torch.device, int8: bool = False
         max_source_positions=min(m.cfg.max_source_positions for m in models),
         max_target_positions=min(m.cfg.max_target_positions for m in models),
     )
+
+
+def prepare_linears(model: torch.nn.Module, precision: str, device: torch.device) -> None:
+    """Swap the linear layers of a loaded model for what decoding in `precision` runs
+    fastest: 8-bit integer ones for int8 (a CPU only); for bf16 on a CPU, bf16 weights
+    in oneDNN's layout where the CPU runs them (else autocast casts at every call)."""
+    if precision == "int8":
+        quantize_linears(model)
+    elif precision == "bf16" and device.type == "cpu":
+        pack_linears_bf16(model)
 
 
 def text_directory(checkpoint: str, data_bin: str | None) -> Path:

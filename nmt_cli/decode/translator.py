@@ -24,6 +24,7 @@ from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
 from nmt_cli.decode.search import Hypothesis, generate
 from nmt_cli.errors import NmtError, where
+from nmt_cli.models import packed_bf16
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
 DEFAULT_MAX_TOKENS = 4096
@@ -82,7 +83,12 @@ class Translator:
             raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
         if cfg.cuda_graphs and self.device.type != "cuda":
             raise NmtError("--cuda-graphs needs --device cuda")
-        self.models: LoadedModels = load_models(cfg.checkpoints, self.device, int8=cfg.precision == "int8")
+        if cfg.precision == "bf16" and self.device.type == "cpu":
+            reason = packed_bf16.packed_bf16_unavailable_reason()
+            if reason is not None:
+                warn(f"warning: --precision bf16: {reason}, so it runs under autocast (on CPUs without bf16 "
+                     "instructions, slower than fp32)")
+        self.models: LoadedModels = load_models(cfg.checkpoints, self.device, cfg.precision)
         self.decoder = self.models.decoder
         # With CUDA graphs (by default on a GPU, where they decode several times faster),
         # beam search on one model is one graph per step; otherwise (ensembles, sampling,
