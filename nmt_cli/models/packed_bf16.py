@@ -27,8 +27,9 @@ def packed_bf16_unavailable_reason() -> str | None:
     """Why this torch build or CPU cannot run PackedBf16Linear, or None when it can."""
     if not torch.backends.mkldnn.is_available():
         return "this torch build has no oneDNN"
-    if not (hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return "this torch build lacks oneDNN's linear ops"
+    for name in ("_is_mkldnn_bf16_supported", "_reorder_linear_weight", "_linear_pointwise"):
+        if not hasattr(torch.ops.mkldnn, name):
+            return f"this torch build has no torch.ops.mkldnn.{name}"
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "this CPU has no bf16 instructions for oneDNN"
     probe = nn.utils.skip_init(nn.Linear, 4, 2)  # no initialisation: the global RNG stays untouched
