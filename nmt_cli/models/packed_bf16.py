@@ -3,10 +3,10 @@
 Under autocast, every call of a float32 nn.Linear casts its whole weight to bf16 again:
 autocast keeps no cast weights under `torch.inference_mode`, and a transformer_base
 decoding step reads ~38M weights. `PackedBf16Linear` casts its weight once, at load
-time, and stores it in oneDNN's blocked layout, so each call is the matrix product
-alone: on a CPU with bf16 instructions (AVX-512 BF16, AMX) that is 2-2.5x faster than
-the cast and product of autocast, and 1.5-2x faster again than a product on a plain
-bf16 weight (the layout is otherwise made afresh for every call).
+time, and stores it in oneDNN's blocked layout, which a product on a plain bf16 weight
+makes afresh at every call. On one core of a CPU with AMX, a (128, 512) x (512, 2048)
+product takes 0.70 ms under autocast, 0.43 ms on a bf16 weight and 0.29 ms on the
+packed one; a 32,000-word output projection 19.5, 7.8 and 3.5 ms.
 
 The arithmetic is autocast's: inputs rounded to bf16, bf16 weights and bias, float32
 sums, a bf16 result. A weight shared with the embeddings (tied output projection) is
