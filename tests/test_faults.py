@@ -114,10 +114,11 @@ def test_train_killed_at_many_random_moments_ends_like_an_uninterrupted_run(tmp_
 
     rng = random.Random(20240611)
     kills, attempt = [], 0
+    span = 2 * work / KILLS  # of training time per kill: one update on average, if the timings hold
     while len(kills) < KILLS:
         attempt += 1
         log = tmp_path / f"attempt{attempt}.log"
-        delay = rng.uniform(0.5 * startup, startup + 2 * work / KILLS)
+        delay = rng.uniform(0.5 * startup, startup + span)
         before = check_run_dir_after_kill(killed)["last"]
         result = server.run(["train", data_bin, "--save-dir", killed, *args], log, kill_after=delay)
         assert_resumed_from(log, killed, before)
@@ -125,6 +126,8 @@ def test_train_killed_at_many_random_moments_ends_like_an_uninterrupted_run(tmp_
             assert result.status == 0, log.read_text()[-3000:]
             break
         kills.append(check_run_dir_after_kill(killed))
+        if (kills[-1]["last"] or 0) - (before or 0) > 3:
+            span /= 2  # the timings above were off (a busy machine): kill sooner
     assert len(kills) >= 20, f"only {len(kills)} kill points before the run finished"
     before = check_run_dir_after_kill(killed)["last"]
     final_log = tmp_path / "final.log"
