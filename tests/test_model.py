@@ -5,6 +5,7 @@ Small random models in float64, dropout off (`eval()`), on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -14,6 +15,7 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 from model_utils import EOS, PAD, SRC_V, TGT_V, padded_batch, tiny_model
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
@@ -136,6 +138,31 @@ def test_few_query_attention_matches_torch(queries: int) -> None:
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(few_query_attention(q, k, v, mask), want)
     torch.testing.assert_close(few_query_attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v))
+
+
+def test_sequence_attention_takes_the_math_kernel_only_for_low_precision_gradients_on_a_cpu() -> None:
+    torch.manual_seed(16)
+    q, k, v, grad = torch.randn(4, 3, 2, 9, 16)
+    mask = torch.rand(3, 1, 1, 9) > 0.3
+
+    def run(dtype: torch.dtype, kernel=None, requires_grad: bool = True):
+        inputs = [t.to(dtype).requires_grad_(requires_grad) for t in (q, k, v)]
+        with sdpa_kernel(kernel) if kernel is not None else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(*inputs, attn_mask=mask) if kernel is not None else \
+                layers_module.sequence_attention(*inputs, mask, 0.0, False)
+        if not requires_grad:
+            return [out]
+        out.backward(grad.to(dtype))
+        return [out] + [t.grad for t in inputs]
+
+    def same(a: list, b: list) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+
+    math, flash = SDPBackend.MATH, SDPBackend.FLASH_ATTENTION
+    assert not same(run(torch.bfloat16, math), run(torch.bfloat16, flash))  # the kernels can be told apart
+    assert same(run(torch.bfloat16), run(torch.bfloat16, math))
+    assert same(run(torch.bfloat16, requires_grad=False), run(torch.bfloat16, flash, requires_grad=False))
+    assert same(run(torch.float32), run(torch.float32, flash))
 
 
 def test_reorder_cache_can_drop_rows() -> None:
