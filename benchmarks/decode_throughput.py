@@ -127,19 +127,21 @@ def batches(rows: list[list[int]], size: int, torch):
         yield tokens
 
 
-def autocast(torch, args):
+def autocast(torch, device: str, precision: str):
+    """The autocast context of translate's --precision (int8 layers run outside autocast)."""
     import contextlib
 
-    if args.precision == "fp32":
+    if precision in ("fp32", "int8"):
         return contextlib.nullcontext()
-    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float16
-    return torch.autocast(torch.device(args.device).type, dtype=dtype)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
-def timed(torch, args, run_batch, rows) -> float:
-    """Seconds to decode all `rows` (best of --repeats), after one untimed warm-up batch."""
+def timed(torch, args, run_batch, rows, precision: str | None = None) -> float:
+    """Seconds to decode all `rows` (best of --repeats), after one untimed warm-up batch,
+    in `precision` (default --precision)."""
     best = float("inf")
-    with torch.inference_mode(), autocast(torch, args):
+    with torch.inference_mode(), autocast(torch, args.device, precision or args.precision):
         run_batch(next(batches(rows[: min(8, len(rows))], args.batch_size, torch)).to(args.device))
         for _ in range(args.repeats):
             if args.device.startswith("cuda"):
@@ -375,8 +377,7 @@ def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path, precision: 
         hyps = generate(loaded.decoder, tokens, decode, loaded.max_target_positions)
         assert all(len(h[0].tokens) == args.tgt_len + 1 for h in hyps)
 
-    as_translate = argparse.Namespace(**{**vars(args), "precision": "fp32" if precision == "int8" else precision})
-    return timed(torch, as_translate, run_batch, source_sentences(args))
+    return timed(torch, args, run_batch, source_sentences(args), precision)
 
 
 def run_in_peer_env(args: argparse.Namespace, argv: list[str], system: str, *extra: str) -> dict | str:

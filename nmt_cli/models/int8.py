@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import NmtError
+from nmt_cli.models.linear_swap import probe_failure, replace_linears
 
 WEIGHT_MAX = 127
 ACTIVATION_ZERO = 64  # activations x_q - 64 in [-63, 63]
@@ -42,15 +43,7 @@ def int8_unavailable_reason() -> str | None:
     for name in ("qlinear_prepack", "qlinear_pointwise"):
         if not hasattr(torch.ops.onednn, name):
             return f"this torch build has no torch.ops.onednn.{name}"
-    probe = nn.utils.skip_init(nn.Linear, 4, 2)  # no initialisation: the global RNG stays untouched
-    with torch.no_grad():
-        probe.weight.fill_(1.0)
-        probe.bias.zero_()
-    try:  # the ops can exist where their kernels cannot run (a CPU that is not x86)
-        Int8Linear(probe)(torch.ones(1, 4))
-    except RuntimeError as error:
-        return f"oneDNN's int8 kernels do not run here ({str(error).splitlines()[0][:200]})"
-    return None
+    return probe_failure(Int8Linear, "int8")
 
 
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -115,8 +108,5 @@ def quantize_linears(model: nn.Module) -> nn.Module:
     reason = int8_unavailable_reason()
     if reason is not None:
         raise NmtError(f"--precision int8: {reason} (use --precision fp32)")
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, Int8Linear(child))
+    replace_linears(model, Int8Linear)
     return model

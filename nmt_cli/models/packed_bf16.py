@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from nmt_cli.models.linear_swap import probe_failure, replace_linears
+
 # oneDNN picks its blocked layout for this many rows; every row count works with it. A
 # beam-search step has beams x sentences rows (128 for beam 4 and 32 sentences).
 TYPICAL_ROWS = 128
@@ -32,15 +34,7 @@ def packed_bf16_unavailable_reason() -> str | None:
             return f"this torch build has no torch.ops.mkldnn.{name}"
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return "this CPU has no bf16 instructions for oneDNN"
-    probe = nn.utils.skip_init(nn.Linear, 4, 2)  # no initialisation: the global RNG stays untouched
-    with torch.no_grad():
-        probe.weight.fill_(1.0)
-        probe.bias.zero_()
-    try:  # the ops can exist where their kernels cannot run
-        PackedBf16Linear(probe)(torch.ones(1, 4))
-    except RuntimeError as error:
-        return f"oneDNN's bf16 kernels do not run here ({str(error).splitlines()[0][:200]})"
-    return None
+    return probe_failure(PackedBf16Linear, "bf16")
 
 
 class PackedBf16Linear(nn.Module):
@@ -69,8 +63,5 @@ def pack_linears_bf16(model: nn.Module) -> bool:
     """
     if packed_bf16_unavailable_reason() is not None:
         return False
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedBf16Linear(child))
+    replace_linears(model, PackedBf16Linear)
     return True

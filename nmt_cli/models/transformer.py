@@ -267,7 +267,7 @@ class Transformer(nn.Module):
         projection = self.decoder.output_projection
         if isinstance(projection, nn.Linear):
             logits = vocabulary_logits(hidden, projection.weight)
-        else:  # an Int8Linear (translate --precision int8) has no float weight
+        else:  # the CPU inference layers (Int8Linear, PackedBf16Linear) have no float32 weight
             logits = projection(hidden)
         # dtype= reads bf16/fp16 logits directly: no float32 copy of them is written first.
         return F.log_softmax(logits, dim=-1, dtype=torch.float32)
