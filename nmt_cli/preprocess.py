@@ -84,8 +84,15 @@ def text_inputs(cfg: PreprocessConfig, splits: list[Split]) -> list[Path]:
 
 
 def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
-    """Identifies a dataset: settings (not --workers, which cannot change the output) and input files."""
-    settings = {k: str(v) for k, v in asdict(cfg).items() if k not in ("workers", "force", "destdir")}
+    """Identifies a dataset: the settings that shape the output, and the input files."""
+    ignored = {"workers", "force", "destdir"}
+    if cfg.bpe == "none" or cfg.bpe_model is not None:  # no BPE is learned
+        ignored |= {"bpe_size", "bpe_sample", "bpe_seed"}
+    if cfg.srcdict is not None:
+        ignored |= {"thresholdsrc", "nwordssrc"}
+    if cfg.tgtdict is not None or cfg.joined_dictionary:  # joined: the source side's settings build it
+        ignored |= {"thresholdtgt", "nwordstgt"}
+    settings = {k: str(v) for k, v in asdict(cfg).items() if k not in ignored}
     files = text_inputs(cfg, splits) + [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
     return fingerprint(settings, files)
 
