@@ -194,7 +194,7 @@ def measure_nmt(args: argparse.Namespace, beam: int, cuda_graphs: str = "") -> f
     torch.manual_seed(args.seed)
     cfg = resolve_config(args.arch, {"dropout": 0.0, "share_all_embeddings": True})
     model = build_model(cfg, args.vocab, args.vocab).to(args.device).eval()
-    prepare_linears(model, args.precision, torch.device(args.device))  # as translate: bf16 on a CPU packs them
+    prepare_linears(model, args.precision, torch.device(args.device))  # as translate: packed on a CPU
     # As translate on a GPU; on a CPU the same fixed-shape steps run without graphs.
     capture_failures: list[str] = []
     decoder = model
@@ -391,7 +391,9 @@ def run_in_peer_env(args: argparse.Namespace, argv: list[str], system: str, *ext
 
 def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float | str]:
     """fairseq, CTranslate2 (float32, int8) and nmt, all on one random-weight fairseq model."""
-    from nmt_cli.models.packed_bf16 import packed_bf16_unavailable_reason
+    import torch
+
+    from nmt_cli.models.packed import packed_unavailable_reason
 
     if not peer_has("fairseq", "ctranslate2"):
         return {"fairseq": "skipped (run benchmarks/setup_peers.sh)"}
@@ -410,7 +412,7 @@ def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float 
         f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, imported, args.precision)}
     if not args.device.startswith("cuda"):
         results[f"nmt int8 beam{args.beam}, fairseq weights"] = measure_nmt_imported(args, imported, "int8")
-        if args.precision == "fp32" and packed_bf16_unavailable_reason() is None:  # a CPU with bf16 instructions
+        if args.precision == "fp32" and packed_unavailable_reason(torch.bfloat16) is None:  # a CPU with bf16 instructions
             results[f"nmt bf16 beam{args.beam}, fairseq weights"] = measure_nmt_imported(args, imported, "bf16")
     for name, system, extra in ((f"fairseq beam{args.beam}", "fairseq", ()),
                                 (f"ct2 float32 beam{args.beam}", "ct2", ("--compute-type", "float32")),

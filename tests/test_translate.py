@@ -26,7 +26,7 @@ from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.decode.ensemble import Ensemble
 from nmt_cli.decode.search import generate
 from nmt_cli.decode.translator import make_batches, pad_batch
-from nmt_cli.models import packed_bf16
+from nmt_cli.models import packed
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
@@ -297,21 +297,21 @@ def test_int8_errors_are_one_line(run_dir, monkeypatch):
     assert no_kernels.stderr.strip() == "error: --precision int8: this torch build has no oneDNN (use --precision fp32)"
 
 
-@pytest.mark.skipif(packed_bf16.packed_bf16_unavailable_reason() is not None, reason="no oneDNN bf16 kernels here")
+@pytest.mark.skipif(packed.packed_unavailable_reason(torch.bfloat16) is not None, reason="no oneDNN bf16 kernels here")
 def test_bf16_on_the_cpu_packs_the_linear_layers_and_translates_as_autocast(run_dir, monkeypatch):
     text = "\n".join(generated_sentences(40, seed=9)) + "\n"
     ckpt = str(run_dir / "checkpoint_best.pt")
     bf16 = (*FAST, "--output-format", "bpe", "--precision", "bf16")
-    packed = nmt("--path", ckpt, *bf16, input=text)
+    packed_run = nmt("--path", ckpt, *bf16, input=text)
     ensemble = nmt("--path", f"{ckpt}:{ckpt}", *bf16, "--buffer-size", "7", input=text)
-    monkeypatch.setattr(packed_bf16, "packed_bf16_unavailable_reason", lambda: "switched off by the test")
+    monkeypatch.setattr(packed, "packed_unavailable_reason", lambda dtype: "switched off by the test")
     autocast = nmt("--path", ckpt, *bf16, input=text)
-    for result in (packed, ensemble, autocast):
+    for result in (packed_run, ensemble, autocast):
         assert result.exit_code == 0, result.stderr
         assert len(result.stdout.splitlines()) == 40
-    assert packed.stderr == "" and "switched off by the test" in autocast.stderr
-    # The same arithmetic, summed in another order now and then (see tests/test_packed_bf16.py).
-    same = sum(a == b for a, b in zip(packed.stdout.splitlines(), autocast.stdout.splitlines()))
+    assert packed_run.stderr == "" and "switched off by the test" in autocast.stderr
+    # The same arithmetic, summed in another order now and then (see tests/test_packed.py).
+    same = sum(a == b for a, b in zip(packed_run.stdout.splitlines(), autocast.stdout.splitlines()))
     assert same >= 36, f"{same} of 40 lines as under autocast"
 
 

@@ -20,7 +20,7 @@ from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.errors import NmtError
 from nmt_cli.models.int8 import quantize_linears
-from nmt_cli.models.packed_bf16 import pack_linears_bf16
+from nmt_cli.models.packed import pack_linears
 from nmt_cli.text.pipeline import TextPipeline, read_meta
 
 
@@ -77,14 +77,19 @@ def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "
     )
 
 
+# The precisions whose linear layers run on packed weights on a CPU (nmt_cli/models/packed.py).
+PACKED_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
 def prepare_linears(model: torch.nn.Module, precision: str, device: torch.device) -> None:
     """Swap the linear layers of a loaded model for what decoding in `precision` runs
-    fastest: 8-bit integer ones for int8 (a CPU only); for bf16 on a CPU, bf16 weights
-    in oneDNN's layout where the CPU runs them (else autocast casts at every call)."""
+    fastest: 8-bit integer ones for int8 (a CPU only); for float32 and bf16 on a CPU,
+    weights packed in oneDNN's layout where the CPU runs them (else: float32 on plain
+    weights, bf16 under autocast, which casts the weights at every call)."""
     if precision == "int8":
         quantize_linears(model)
-    elif precision == "bf16" and device.type == "cpu":
-        pack_linears_bf16(model)
+    elif precision in PACKED_PRECISIONS and device.type == "cpu":
+        pack_linears(model, PACKED_PRECISIONS[precision])
 
 
 def text_directory(checkpoint: str, data_bin: str | None) -> Path:

@@ -24,7 +24,7 @@ from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
 from nmt_cli.decode.search import Hypothesis, generate
 from nmt_cli.errors import NmtError, where
-from nmt_cli.models import packed_bf16
+from nmt_cli.models import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
 DEFAULT_MAX_TOKENS = 4096
@@ -84,7 +84,7 @@ class Translator:
         if cfg.cuda_graphs and self.device.type != "cuda":
             raise NmtError("--cuda-graphs needs --device cuda")
         if cfg.precision == "bf16" and self.device.type == "cpu":
-            reason = packed_bf16.packed_bf16_unavailable_reason()
+            reason = packed.packed_unavailable_reason(torch.bfloat16)
             if reason is not None:
                 warn(f"warning: --precision bf16: {reason}, so it runs under autocast (on CPUs without bf16 "
                      "instructions, slower than fp32)")

@@ -1,4 +1,4 @@
-"""What the CPU inference layers (int8.py, packed_bf16.py) share: swapping every linear
+"""What the CPU inference layers (int8.py, packed.py) share: swapping every linear
 layer of a loaded model, and a probe that a layer's kernels run on this CPU."""
 
 from __future__ import annotations

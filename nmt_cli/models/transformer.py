@@ -267,8 +267,12 @@ class Transformer(nn.Module):
         projection = self.decoder.output_projection
         if isinstance(projection, nn.Linear):
             logits = vocabulary_logits(hidden, projection.weight)
-        else:  # the CPU inference layers (Int8Linear, PackedBf16Linear) have no float32 weight
+        else:  # the CPU inference layers (Int8Linear, PackedLinear) have no plain weight
             logits = projection(hidden)
+        if logits.dtype == torch.float32 and logits.device.type == "cpu":
+            # In place: each row is normalised while it is still in the CPU's cache, and
+            # no second (N, V) buffer is written (1-3% of a small model's search).
+            return torch.log_softmax(logits, dim=-1, out=logits)
         # dtype= reads bf16/fp16 logits directly: no float32 copy of them is written first.
         return F.log_softmax(logits, dim=-1, dtype=torch.float32)
 
