@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.checkpoint import check_finite_weights, load_checkpoint, save_checkpoint
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError
 
@@ -126,6 +126,7 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
         if i == 0:
             reference = current
         check_compatible(reference, paths[0], current, path)
+        check_finite_weights(state["model"], path)
         for key, tensor in state["model"].items():
             if key in current["tied"] or not tensor.is_floating_point():
                 continue

@@ -90,6 +90,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     for key in ("model_config", "model", "src_dict", "tgt_dict"):
         if key not in state:
             raise NmtError(f"checkpoint {path} lacks {key!r}")
+    if not isinstance(state["model"], dict):
+        raise NmtError(f"checkpoint {path}: 'model' is not a dict of weights")
+    for key in ("src_dict", "tgt_dict"):
+        if not isinstance(state[key], (list, tuple)) or not all(isinstance(s, str) for s in state[key]):
+            raise NmtError(f"checkpoint {path}: {key!r} is not a list of symbols")
     try:
         ModelConfig.from_dict(state["model_config"])
     except NmtError as error:
@@ -106,8 +111,17 @@ def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "ch
     model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
     weights = state["model"]
     check_state_dict_fits(model, weights, source)
+    check_finite_weights(weights, source)
     model.load_state_dict(weights)
     return model
+
+
+def check_finite_weights(weights: dict[str, torch.Tensor], source: str | os.PathLike) -> None:
+    """NmtError naming the first tensor of `weights` that holds NaN or inf: such a model
+    translates every line to nothing (a diverged run, or a damaged file)."""
+    for key, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise NmtError(f"{source}: weight {key} holds NaN or infinite values (a diverged run or a damaged file)")
 
 
 def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], source: str | os.PathLike) -> None:

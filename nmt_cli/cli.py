@@ -78,6 +78,16 @@ class LazyGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+        except RuntimeError as error:  # torch's out-of-memory errors (CPU and GPU) are RuntimeErrors
+            if not _is_out_of_memory(error):
+                raise
+            click.echo(f"error: out of memory ({str(error).splitlines()[0][:300]}); smaller batches "
+                       "(--max-tokens, --batch-size) or a smaller --beam need less", err=True)
+            sys.exit(1)
+
+
+def _is_out_of_memory(error: RuntimeError) -> bool:
+    return type(error).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(error)
 
 
 def _module_exists(module: str) -> bool:

@@ -104,6 +104,11 @@ def _has_type(value: Any, expected: type) -> bool:
 # --- decoding (search and translate) -------------------------------------------------
 
 LENPEN_STYLES = ("fairseq", "gnmt")
+# Bounds that keep search scores finite in float32 (whose largest value is ~3.4e38):
+# temperatures divide scores, and a length penalty of 1,024 tokens ** 10 is ~1e30.
+MIN_TEMPERATURE = 1e-30
+MAX_LENPEN = 10.0
+MAX_UNK_REWARD = 1e30  # a negative --unk-penalty is a reward; any positive one is fine (-inf bans <unk>)
 
 
 @dataclass(frozen=True)
@@ -147,8 +152,15 @@ class DecodeConfig:
             raise NmtError(f"--min-len {self.min_len} exceeds the maximum output length --max-len-b {self.max_len_b}")
         if self.no_repeat_ngram_size < 0:
             raise NmtError("--no-repeat-ngram-size must be >= 0")
-        if self.temperature <= 0:
-            raise NmtError(f"--temperature must be > 0 (got {self.temperature})")
+        if self.temperature < MIN_TEMPERATURE:
+            raise NmtError(f"--temperature must be >= {MIN_TEMPERATURE:g} (got {self.temperature:g}; below it the "
+                           "scaled scores leave float32's range)")
+        if abs(self.lenpen) > MAX_LENPEN:
+            raise NmtError(f"--lenpen must be between -{MAX_LENPEN:g} and {MAX_LENPEN:g} (got {self.lenpen:g}; beyond "
+                           "that a long output's length penalty leaves float32's range)")
+        if self.unk_penalty < -MAX_UNK_REWARD:
+            raise NmtError(f"--unk-penalty must be >= -{MAX_UNK_REWARD:g} (got {self.unk_penalty:g}; a larger reward "
+                           "makes `<unk>` scores infinite)")
         if self.sampling_topk == 0 or self.sampling_topk < -1:
             raise NmtError("--sampling-topk must be a positive number of tokens (or -1: off)")
         if self.sampling_topp != -1.0 and not 0.0 < self.sampling_topp <= 1.0:

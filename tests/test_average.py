@@ -282,3 +282,13 @@ def test_cli_missing_and_bad_files(tmp_path):
         result = CliRunner().invoke(main, ["average", "--inputs", str(path), "--output", str(tmp_path / "x.pt")])
         assert result.exit_code == 1 and str(path) in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_checkpoint_with_non_finite_weights_is_refused(tmp_path):
+    good = write(tmp_path, "good.pt", checkpoint(small_state(1)))
+    weights = small_state(2)
+    name = next(k for k, v in weights.items() if v.is_floating_point())
+    weights[name].view(-1)[0] = float("inf")
+    bad = write(tmp_path, "bad.pt", checkpoint(weights))
+    with pytest.raises(NmtError, match=f"{bad}: weight {name} holds NaN or infinite values"):
+        average_checkpoints([good, bad])

@@ -24,7 +24,7 @@ from nmt_cli.checkpoint import (
 )
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
-from nmt_cli.models.registry import build_model, count_parameters, resolve_config
+from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
 from nmt_cli.staging import replace_atomically
 from nmt_cli.train.saving import write_checkpoints
 
@@ -171,6 +171,10 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path: Path, container:
     assert not marker.exists()
 
 
+VALID_PARTS = {"format_version": FORMAT_VERSION, "model_config": ARCHITECTURES["transformer_tiny"].to_dict(),
+               "model": {}, "src_dict": ["<s>"], "tgt_dict": ["<s>"]}
+
+
 @pytest.mark.parametrize(
     "state, fragment",
     [
@@ -178,6 +182,9 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path: Path, container:
         ([1, 2, 3], "no format_version"),
         ({"format_version": 99, "model": {}}, "format_version 99"),
         ({"format_version": FORMAT_VERSION, "model": {}}, "lacks 'model_config'"),
+        ({**VALID_PARTS, "src_dict": None}, "'src_dict' is not a list of symbols"),
+        ({**VALID_PARTS, "tgt_dict": ["a", 3]}, "'tgt_dict' is not a list of symbols"),
+        ({**VALID_PARTS, "model": [1]}, "'model' is not a dict of weights"),
     ],
 )
 def test_wrong_format_version_or_content_is_refused(tmp_path: Path, state: object, fragment: str) -> None:

@@ -394,6 +394,22 @@ def test_sampling_topp_keeps_the_crossing_token():
     assert kept[0].tolist() == pytest.approx([0.5, 0.25, 0.0, 0.0])
 
 
+def test_sampling_weights_renormalise_only_rows_that_underflow():
+    from nmt_cli.decode.sampling import sampling_weights
+
+    inf = math.inf
+    lprobs = torch.tensor([
+        [math.log(0.2), math.log(0.5), -inf, math.log(0.1)],  # </s>-like ban: fairseq's own weights stay
+        [-inf, -200.0, -201.0, -inf],  # every allowed weight underflows to 0: renormalised
+        [-inf, -inf, -inf, -inf],  # nothing allowed: equal weights (what is drawn scores -inf)
+    ])
+    weights = sampling_weights(lprobs)
+    assert weights[0].tolist() == pytest.approx([0.2, 0.5, 0.0, 0.1])
+    assert weights[1].tolist() == pytest.approx([0.0, 1 / (1 + math.exp(-1)), math.exp(-1) / (1 + math.exp(-1)), 0.0])
+    assert weights[2].tolist() == [1.0, 1.0, 1.0, 1.0]
+    torch.multinomial(weights, 1)  # every row can be drawn from
+
+
 # --- ensembles ------------------------------------------------------------------------
 
 

@@ -398,3 +398,81 @@ def test_bad_ids_input_names_the_line_and_text_mode_prints_one_line_with_nbest(r
     assert too_big.exit_code == 1 and "id 99999 is outside the source dictionary" in too_big.stderr
     nbest = nmt("--path", ckpt, *FAST, "--beam", "4", "--nbest", "3", input="the dog\n\nthe ball\n")
     assert nbest.exit_code == 0 and len(nbest.stdout.splitlines()) == 3
+
+
+# --- scores at the edges of float32 -------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--temperature", "1e-40"), "--temperature must be >= 1e-30"),
+    (("--lenpen", "1000"), "--lenpen must be between -10 and 10"),
+    (("--unk-penalty", "-1e300"), "--unk-penalty must be >= -1e+30"),
+    (("--buffer-size", "0"), "--buffer-size must be >= 1"),
+    (("--beam", "100000"), "--beam 100000 is larger than the target vocabulary"),
+])
+def test_values_that_would_break_the_search_are_one_error_line(run_dir, flags, message):
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, *flags, input="the dog\n")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("temperature", ["1e-20", "0.01"])
+def test_a_sharp_temperature_translates_every_line(run_dir, temperature):
+    text = "\n".join(generated_sentences(12, seed=4)) + "\n"
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    sharp = nmt("--path", ckpt, *FAST, "--output-format", "jsonl", "--temperature", temperature, input=text)
+    assert sharp.exit_code == 0, sharp.stderr
+    records = [json.loads(line) for line in sharp.stdout.splitlines()]
+    assert len(records) == 12 and all(r["score"] is not None and r["tokens"] for r in records)
+    # Sampling too, though `</s>` is banned before --min-len and often the likeliest token:
+    # the allowed tokens' weights may all underflow to 0 at this temperature.
+    sampled = nmt("--path", ckpt, *FAST, "--output-format", "jsonl", "--temperature", temperature, "--sampling",
+                  "--min-len", "3", "--beam", "2", input=text)
+    assert sampled.exit_code == 0, sampled.stderr
+    records = [json.loads(line) for line in sampled.stdout.splitlines()]
+    assert len(records) == 12 and all(r["score"] is not None and len(r["tokens"]) >= 4 for r in records)
+
+
+def test_a_sharp_temperature_searches_as_greedy(run_dir):
+    """At temperature 1e-20 every token but the best has log-prob -inf: beam search keeps
+    the best token of each step, as greedy search at temperature 1."""
+    text = "\n".join(generated_sentences(12, seed=5)) + "\n"
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    greedy = nmt("--path", ckpt, *FAST, "--output-format", "bpe", "--beam", "1", input=text)
+    sharp = nmt("--path", ckpt, *FAST, "--output-format", "bpe", "--beam", "1", "--temperature", "1e-20", input=text)
+    assert greedy.exit_code == sharp.exit_code == 0
+    assert sharp.stdout == greedy.stdout
+
+
+def test_checkpoint_with_non_finite_weights_is_refused(run_dir, tmp_path, monkeypatch):
+    state = torch.load(run_dir / "checkpoint_best.pt", weights_only=True)
+    state["model"]["decoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    broken = tmp_path / "nan.pt"
+    save_checkpoint(state, broken)
+    result = nmt("--path", str(broken), "--data-bin", str(run_dir), *FAST, input="the dog\n")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"error: {broken}: weight decoder.layers.0.fc1.weight holds NaN or infinite values "
+                             "(a diverged run or a damaged file)\n")
+    # Were such scores met while decoding (fp16 overflow, say), the line would stay, empty, with a warning.
+    from nmt_cli import checkpoint
+
+    monkeypatch.setattr(checkpoint, "check_finite_weights", lambda weights, source: None)
+    result = nmt("--path", str(broken), "--data-bin", str(run_dir), *FAST, input="the dog\nthe cat\n")
+    assert result.exit_code == 0 and result.stdout == "\n\n"
+    assert result.stderr == "".join(f"warning: <stdin>:{n}: no hypothesis with a finite score; the output line is "
+                                     "empty\n" for n in (1, 2))
+
+
+def test_out_of_memory_is_one_error_line(run_dir, monkeypatch):
+    from nmt_cli.decode import translator
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 49152000000 bytes.\nmore")
+
+    monkeypatch.setattr(translator, "generate", out_of_memory)
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, input="the dog\n")
+    assert result.exit_code == 1
+    assert result.stderr == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                             "49152000000 bytes.); smaller batches (--max-tokens, --batch-size) or a smaller --beam "
+                             "need less\n")

@@ -126,7 +126,7 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
     cfg = TranslateConfig(
         checkpoints=tuple(path.split(":")), decode=decode, data_bin=data_bin, input_format=input_format,
         output_format=output_format,
-        buffer_size=buffer_size or (1 if reading_terminal else DEFAULT_BUFFER_SIZE),
+        buffer_size=(1 if reading_terminal else DEFAULT_BUFFER_SIZE) if buffer_size is None else buffer_size,
         max_tokens=max_tokens, batch_size=batch_size, device=device or _default_device(precision), threads=threads,
         precision=precision, cuda_graphs=cuda_graphs, errors=errors, quiet=quiet,
     )

@@ -31,6 +31,19 @@ def restrict_topp(probs: Tensor, topp: float) -> tuple[Tensor, Tensor]:
     return sorted_probs.masked_fill(~keep, 0.0), sorted_ids
 
 
+def sampling_weights(lprobs: Tensor) -> Tensor:
+    """exp(lprobs) (..., V), fairseq's weights, except where a row's weights all
+    underflow to 0: a sharp temperature whose likeliest token is banned (`</s>` before
+    --min-len) leaves its allowed tokens below exp(-104). Those rows are renormalised
+    first (a softmax); a row with nothing allowed at all (a model whose outputs were not
+    finite) gets equal weights, and whatever it draws scores -inf."""
+    probs = lprobs.exp()
+    empty = probs.sum(dim=-1, keepdim=True).eq(0)
+    # Computed for every row, chosen per row: no host sync (on a GPU) to ask which rows need it.
+    renormalised = torch.softmax(lprobs, dim=-1).nan_to_num_(nan=1.0)
+    return torch.where(empty, renormalised, probs)
+
+
 def sample_candidates(
     lprobs: Tensor,
     cum_scores: Tensor,
@@ -48,7 +61,7 @@ def sample_candidates(
     B, K, V = lprobs.shape
     if step == 0:
         lprobs = lprobs[:, :1, :]  # (B, 1, V): all beams are the same at step 0
-    probs = lprobs.exp()
+    probs = sampling_weights(lprobs)
     if topk > 0:
         probs, ids = restrict_topk(probs, topk)
     elif topp > 0:

@@ -101,7 +101,9 @@ def penalize(lprobs: Tensor, cfg: DecodeConfig) -> Tensor:
     """The adjustments that do not depend on the step (in place where possible):
     temperature, NaN guard, no `<pad>`, the `<unk>` penalty."""
     if cfg.temperature != 1.0:
-        lprobs = torch.log_softmax(lprobs / cfg.temperature, dim=-1)
+        # From each row's best score first: the best token keeps 0 however small the
+        # temperature (the others may overflow to -inf, which is harmless).
+        lprobs = torch.log_softmax((lprobs - lprobs.amax(dim=-1, keepdim=True)) / cfg.temperature, dim=-1)
     torch.nan_to_num(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf, out=lprobs)
     lprobs[:, PAD_ID] = -math.inf
     if cfg.unk_penalty:

@@ -89,6 +89,9 @@ class Translator:
                 warn(f"warning: --precision bf16: {reason}, so it runs under autocast (on CPUs without bf16 "
                      "instructions, slower than fp32)")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device, cfg.precision)
+        if cfg.decode.beam > len(self.models.tgt_dict):  # before search allocates beam-sized buffers
+            raise NmtError(f"--beam {cfg.decode.beam} is larger than the target vocabulary "
+                           f"({len(self.models.tgt_dict)} symbols)")
         self.decoder = self.models.decoder
         # With CUDA graphs (by default on a GPU, where they decode several times faster),
         # beam search on one model is one graph per step; otherwise (ensembles, sampling,
@@ -158,6 +161,11 @@ class Translator:
                 hypotheses = self._search(src_tokens)
             for i, hyps in zip(items, hypotheses):
                 results[i].hypotheses = hyps
+        for i in todo:  # in line order
+            hyps = results[i].hypotheses
+            if not hyps or not math.isfinite(hyps[0].score):  # only when the model's scores were not finite
+                self.warn(f"warning: {where(source_name, lines[i].number)}: no hypothesis with a finite score; "
+                          "the output line is empty")
         return results
 
     def _search(self, src_tokens: torch.Tensor) -> list[list[Hypothesis]]:
