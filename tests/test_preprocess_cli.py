@@ -179,6 +179,48 @@ def test_learn_apply_bpe_and_binarize_commands(tmp_path: Path) -> None:
     assert_one_error(bad, "<stdin>:2")
 
 
+def binarize_workspace(root: Path) -> tuple[Path, Path, dict[str, bytes]]:
+    """dict.txt, and out/ holding a finished binarize of good.txt (out/x) and a file of the
+    user's; returns (dictionary, out/, the bytes of out/'s files)."""
+    Dictionary(["ok", "fine"]).save(root / "dict.txt")
+    write(root / "good.txt", ["ok fine", "fine"])
+    (root / "out").mkdir()
+    (root / "out" / "keep.txt").write_text("mine\n")
+    result = nmt("binarize", "--dict", root / "dict.txt", "--input", root / "good.txt", "--output-prefix", root / "out" / "x")
+    assert result.exit_code == 0, result.output
+    return root / "dict.txt", root / "out", {p.name: p.read_bytes() for p in (root / "out").iterdir()}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_failed_binarize_leaves_no_partial_files(tmp_path: Path, workers: int) -> None:
+    # With 2 workers each line is a chunk: part0 is finished when part1 meets the bad line.
+    dictionary, out, before = binarize_workspace(tmp_path)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nbad \xff\n")
+    for prefix in ("x", "y"):  # over a finished output, and a new one
+        result = nmt("binarize", "--dict", dictionary, "--input", bad, "--output-prefix", out / prefix, "--workers", workers)
+        assert_one_error(result, f"invalid UTF-8 at {bad}:2")
+        # The earlier output is intact and nothing else is left: no out/y.partial-PID.part0.bin
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_interrupted_binarize_leaves_no_partial_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dictionary, out, before = binarize_workspace(tmp_path)
+    encode, lines_done = Dictionary.encode, []
+
+    def encode_then_interrupt(self, tokens, append_eos=True):  # Ctrl-C on the third line
+        if len(lines_done) == 2:
+            raise KeyboardInterrupt
+        lines_done.append(tokens)
+        return encode(self, tokens, append_eos)
+
+    monkeypatch.setattr(Dictionary, "encode", encode_then_interrupt)
+    text = write(tmp_path / "text.txt", ["ok"] * 5)
+    result = nmt("binarize", "--dict", dictionary, "--input", text, "--output-prefix", out / "y")
+    assert result.exit_code == 130 and result.stderr == "interrupted\n", result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 @pytest.mark.parametrize("bad_line", [b"bad \xff\xfe bytes here", b"nul \x00 here"])
 def test_learn_bpe_bad_input_is_our_one_error_line(raw: Path, bad_line: bytes) -> None:
     # The error is raised inside the iterator sentencepiece consumes; sentencepiece must not wrap it.

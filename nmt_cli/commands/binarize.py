@@ -43,9 +43,24 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
             result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter, f"binarize {source}")
         for suffix in (".bin", ".idx"):
             os.replace(f"{partial}{suffix}", f"{prefix}{suffix}")
-    except OSError as error:
-        for suffix in (".bin", ".idx"):
-            Path(f"{partial}{suffix}").unlink(missing_ok=True)
-        raise NmtError(f"cannot write {prefix}.bin/.idx: {error.strerror or error}") from None
+    except BaseException as error:
+        # Bad input (NmtError), a full disk or Ctrl-C: none may leave a partial file behind.
+        # The with-block has waited for the workers, so no part is still being written.
+        _remove_partial_files(partial)
+        if isinstance(error, OSError):
+            raise NmtError(f"cannot write {prefix}.bin/.idx: {error.strerror or error}") from None
+        raise
     unk_rate = 100 * result.unk / max(result.tokens, 1)
     click.echo(f"{prefix}: {result.sentences} sentences, {result.tokens} tokens, {unk_rate:.2f}% <unk>")
+
+
+def _remove_partial_files(partial: Path) -> None:
+    """Delete this run's files under its temporary name: PARTIAL.bin/.idx and, when several
+    chunks were binarized, each chunk's PARTIAL.partN.bin/.idx."""
+    import glob
+
+    for path in partial.parent.glob(f"{glob.escape(partial.name)}.*"):
+        try:
+            path.unlink()
+        except OSError:
+            pass  # cleaning up must not hide the error that stopped the run
