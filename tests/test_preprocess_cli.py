@@ -221,6 +221,21 @@ def test_interrupted_binarize_leaves_no_partial_files(tmp_path: Path, monkeypatc
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@pytest.mark.parametrize("prefix", ["", "out/", "out/.", "out/..", "."])
+def test_output_prefix_that_names_no_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str) -> None:
+    # '' wrote a hidden `.model` (learn-bpe) or failed with a traceback (binarize); `out/`
+    # wrote `out.bin` beside the directory out, as Path drops the trailing slash.
+    monkeypatch.chdir(tmp_path)
+    dictionary, out, before = binarize_workspace(tmp_path)
+    text = write(tmp_path / "text.txt", sentences(50, 4))
+    files = sorted(tmp_path.rglob("*"))
+    assert_one_error(nmt("binarize", "--dict", dictionary, "--input", text, "--output-prefix", prefix),
+                     f"--output-prefix must name a file, e.g. DIR/NAME for DIR/NAME.bin and DIR/NAME.idx (got {prefix!r})")
+    assert_one_error(nmt("learn-bpe", "--input", text, "--vocab-size", 40, "--model-prefix", prefix),
+                     f"--model-prefix must name a file, e.g. DIR/NAME for DIR/NAME.model (got {prefix!r})")
+    assert sorted(tmp_path.rglob("*")) == files
+
+
 @pytest.mark.parametrize("bad_line", [b"bad \xff\xfe bytes here", b"nul \x00 here"])
 def test_learn_bpe_bad_input_is_our_one_error_line(raw: Path, bad_line: bytes) -> None:
     # The error is raised inside the iterator sentencepiece consumes; sentencepiece must not wrap it.

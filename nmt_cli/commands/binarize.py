@@ -22,7 +22,7 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     """
     import os
 
-    from nmt_cli.commands.outputs import make_parent_directory
+    from nmt_cli.commands.outputs import file_prefix, make_parent_directory
     from nmt_cli.errors import NmtError
     from nmt_cli.text.parallel import binarize_file
     from nmt_cli.text.progress import StageReporter
@@ -31,7 +31,7 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
 
     if workers < 1:
         raise NmtError(f"--workers must be >= 1 (got {workers})")
-    source, prefix = Path(input_path), Path(output_prefix)
+    source, prefix = Path(input_path), file_prefix(output_prefix, "--output-prefix", (".bin", ".idx"))
     if not Path(dict_path).is_file():
         raise NmtError(f"dictionary not found: {dict_path}")
     num_lines = count_lines(source)

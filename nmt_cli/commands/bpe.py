@@ -29,7 +29,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     """
     import itertools
 
-    from nmt_cli.commands.outputs import make_parent_directory
+    from nmt_cli.commands.outputs import file_prefix, make_parent_directory
     from nmt_cli.config import check_seed
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
@@ -37,6 +37,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     if sample < 0:
         raise NmtError(f"--sample must be >= 0 (0: all sentences; got {sample})")
     check_seed(seed)
+    file_prefix(model_prefix, "--model-prefix", (".model",))  # '' would write a hidden `.model`
     if inputs.count("-") > 1:
         raise NmtError("--input - (standard input) can be given only once")
     sources = [_input_lines(name) for name in inputs]  # every file is checked before learning starts

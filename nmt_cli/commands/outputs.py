@@ -21,6 +21,17 @@ def make_parent_directory(path: Path) -> None:
         raise NmtError(f"cannot write {path}: {error.strerror or error} ({error.filename})") from None
 
 
+def file_prefix(prefix: str, flag: str, suffixes: tuple[str, ...]) -> Path:
+    """`prefix` (to which the command appends `suffixes`) as a Path, or NmtError unless it
+    ends in a file name. An empty prefix or one ending in `/`, `.` or `..` names a
+    directory: `{prefix}.model` would be a hidden file in it, and Path drops a trailing
+    `/`, so that `bz/` would write `bz.bin` beside the directory bz, not in it."""
+    if os.path.basename(prefix) in ("", ".", ".."):
+        names = " and ".join(f"DIR/NAME{suffix}" for suffix in suffixes)
+        raise NmtError(f"{flag} must name a file, e.g. DIR/NAME for {names} (got {prefix!r})")
+    return Path(prefix)
+
+
 @contextmanager
 def opened(path: str, mode: str) -> Iterator[IO]:
     """`path` opened in `mode`: "rb", "wb" or "w" (UTF-8 text with `\\n` line ends, whatever
