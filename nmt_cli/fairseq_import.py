@@ -28,6 +28,7 @@ from nmt_cli.fairseq_checkpoint import (
 )
 from nmt_cli.models.registry import build_model
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
+from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
 # ---------------------------------------------------------------------------
 # Weights
@@ -208,8 +209,9 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
         )
     src_dict_path, tgt_dict_path = cfg.dict_dir / f"dict.{src_lang}.txt", cfg.dict_dir / f"dict.{tgt_lang}.txt"
     src_dict, tgt_dict = read_fairseq_dictionary(src_dict_path), read_fairseq_dictionary(tgt_dict_path)
-    if cfg.bpe_codes is not None and not cfg.bpe_codes.is_file():
-        raise NmtError(f"BPE codes not found: {cfg.bpe_codes}")
+    if cfg.bpe_codes is not None:
+        # Parsed as `nmt translate` will parse them: broken codes are refused now, not at translation.
+        SubwordNmtBpe.load(cfg.bpe_codes)
     inputs = [cfg.checkpoint, src_dict_path, tgt_dict_path] + ([cfg.bpe_codes] if cfg.bpe_codes is not None else [])
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     run_files = {"checkpoint.pt", "meta.json", src_dict_path.name, tgt_dict_path.name}

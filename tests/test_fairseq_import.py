@@ -364,6 +364,35 @@ def test_fake_fairseq_checkpoint_imports_our_weights(tmp_path):
     assert sorted(files_of(tmp_path / "run")) == ["checkpoint.pt", "dict.de.txt", "dict.en.txt", "meta.json"]
 
 
+def test_bpe_codes_are_checked_and_copied_at_import(tmp_path):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    codes = tmp_path / "bpe.codes"
+    codes.write_text("#version: 0.2\nt h\nth e</w>\n", encoding="utf-8")
+    result = invoke_import(checkpoint, dict_dir, tmp_path / "run", "--bpe-codes", str(codes))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "run" / "bpe.codes").read_bytes() == codes.read_bytes()
+    pipeline = TextPipeline.from_data_bin(tmp_path / "run", "de")
+    assert pipeline.bpe.encode("the") == ["the"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"#version: 0.2\nt h\n\xff e\n", "BPE codes are not valid UTF-8: {codes} (byte 18)"),
+    (b"#version: 0.2\nt h\na b c d\n", "bad BPE codes line (expected 'left right'): {codes}:3"),
+    (b"t h\n\nh e\n", "bad BPE codes line (expected 'left right'): {codes}:2"),
+    (b"#version: 7.1\nt h\n", "unsupported subword-nmt codes version (7, 1): {codes}:1"),
+    (None, "BPE codes not found: {codes}"),
+], ids=["not UTF-8", "three symbols", "empty line", "unknown version", "missing"])
+def test_broken_bpe_codes_are_refused_at_import(tmp_path, content, message):
+    # Imported, such codes made `nmt translate` fail later; the parser translate uses refuses them now.
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    codes = tmp_path / "bpe.codes"
+    if content is not None:
+        codes.write_bytes(content)
+    result = invoke_import(checkpoint, dict_dir, tmp_path / "run", "--bpe-codes", str(codes))
+    assert_one_error_line(result, f"error: {message.format(codes=codes)}")
+    assert {p.name for p in tmp_path.iterdir()} == {"db", "fs"} | ({"bpe.codes"} if content is not None else set())  # no run
+
+
 def _set_arg(name: str, value):
     return lambda checkpoint: setattr(checkpoint["args"], name, value)
 
