@@ -289,6 +289,14 @@ class PreprocessConfig:
             raise NmtError(f"--max-ratio must be >= 1 (got {self.max_ratio})")
         if self.joined_dictionary and self.tgtdict is not None:
             raise NmtError("--joined-dictionary uses --srcdict for both sides; drop --tgtdict")
+        # As in fairseq (and Dictionary.build), N counts the specials: a value that keeps
+        # nothing else would silently turn all text into <unk>. N <= 0 keeps every word.
+        from nmt_cli.data.dictionary import SPECIALS
+
+        for flag, nwords in (("--nwordssrc", self.nwordssrc), ("--nwordstgt", self.nwordstgt)):
+            if 0 < nwords <= len(SPECIALS):
+                raise NmtError(f"{flag} {nwords} keeps no word: it counts the {len(SPECIALS)} special symbols "
+                               f"({' '.join(SPECIALS)}), so it must be > {len(SPECIALS)} (or 0 or -1: all words)")
         # fairseq's commands often repeat equal values for both sides; a different one would be ignored.
         for target, source, unset in (("nwordstgt", "nwordssrc", -1), ("thresholdtgt", "thresholdsrc", 0)):
             if self.joined_dictionary and getattr(self, target) not in (unset, getattr(self, source)):

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from nmt_cli.cli import main
+from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.indexed import IndexedDataset
 
@@ -145,6 +146,20 @@ def test_whitespace_only_lines(raw: Path) -> None:
 def test_bad_option_values_are_one_error_line(raw: Path) -> None:
     assert_one_error(nmt(*preprocess_args(raw, "data-bin", "--workers", "0")), "--workers")
     assert_one_error(nmt(*preprocess_args(raw, "data-bin", "--bpe-size", "100000")), "too large")
+
+
+@pytest.mark.parametrize("flag", ["--nwordssrc", "--nwordstgt"])
+def test_a_word_limit_that_keeps_no_word_is_refused(raw: Path, flag: str) -> None:
+    # As in fairseq the limit counts the 4 specials: 1 to 4 would map all text to <unk>.
+    for value in ("1", "4"):
+        assert_one_error(nmt(*preprocess_args(raw, "data-bin", flag, value)),
+                         f"error: {flag} {value} keeps no word: it counts the 4 special symbols (<s> <pad> </s> <unk>), "
+                         "so it must be > 4 (or 0 or -1: all words)")
+    assert not (raw / "data-bin").exists()
+    for value in (5, 0, -1):  # one word, or all of them
+        PreprocessConfig("en", "de", raw / "train", nwordssrc=value, nwordstgt=value)
+    help_text = " ".join(nmt("preprocess", "--help").output.split())
+    assert help_text.count("specials included") == 2 and help_text.count("(0 or -1: all)") == 2
 
 
 def test_learn_apply_bpe_and_binarize_commands(tmp_path: Path) -> None:

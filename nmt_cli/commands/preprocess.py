@@ -48,8 +48,10 @@ def _optional_path(value: str | None) -> Path | None:
 @click.option("--workers", default=1, show_default=True, help="Processes for tokenization, BPE and binarization.")
 @click.option("--thresholdsrc", default=0, show_default=True, help="Drop source symbols seen fewer times (they map to <unk>).")
 @click.option("--thresholdtgt", default=0, show_default=True, help="Drop target symbols seen fewer times.")
-@click.option("--nwordssrc", default=-1, show_default=True, help="Keep at most this many source symbols, specials included (-1: all).")
-@click.option("--nwordstgt", default=-1, show_default=True, help="Keep at most this many target symbols (-1: all).")
+@click.option("--nwordssrc", default=-1, show_default=True,
+              help="Keep at most this many source symbols, the 4 specials included, as in fairseq (0 or -1: all).")
+@click.option("--nwordstgt", default=-1, show_default=True,
+              help="Keep at most this many target symbols, the 4 specials included (0 or -1: all).")
 @click.option("--srcdict", help="Reuse this source dictionary instead of building one (needs --bpe-model or --bpe none).")
 @click.option("--tgtdict", help="Reuse this target dictionary instead of building one.")
 @click.option("--tokenizer", type=click.Choice(["moses", "none"]), default="moses", show_default=True,
