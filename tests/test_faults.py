@@ -448,24 +448,37 @@ def test_data_files_with_odd_content_are_data(tmp_path, data_bin):
 # --- numerics ----------------------------------------------------------------------------------
 
 
-def test_nan_loss_is_caught_at_the_update_that_produced_it(tmp_path, data_bin, monkeypatch):
-    """Weights poisoned before update 3: the error names update 3 and no checkpoint holds NaN."""
+def poison_weights_before_update(monkeypatch, poisoned: int) -> None:
+    """Fill a weight with NaN just before update `poisoned` (1-based) runs."""
     real_update = trainer_module.train_update
 
     def poisoned_update(engine, data, shares, fallback, ntokens, num_updates):
-        if num_updates == 2:
+        if num_updates == poisoned - 1:
             with torch.no_grad():
                 next(engine.model.parameters()).fill_(float("nan"))
         return real_update(engine, data, shares, fallback, ntokens, num_updates)
 
     monkeypatch.setattr(trainer_module, "train_update", poisoned_update)
+
+
+def test_nan_loss_is_caught_at_the_update_that_produced_it(tmp_path, data_bin, monkeypatch):
+    """Weights poisoned before update 3: the error names update 3 and no checkpoint holds NaN."""
+    poison_weights_before_update(monkeypatch, 3)
     run = tmp_path / "run"
     result = nmt(["train", data_bin, "--save-dir", run, *TINY, "--max-update", "8", "--save-interval-updates", "1",
                   "--log-interval", "100"])
-    assert_one_error(result.exit_code, result.stderr, "NaN/inf at update 3")
+    assert_one_error(result.exit_code, result.stderr, "NaN/inf at update 3", "(checkpoint_last.pt predates it)")
     for path in run.glob("*.pt"):
         state = load_checkpoint(path)
         assert state["num_updates"] <= 2 and all(torch.isfinite(t).all() for t in state["model"].values()), path
+
+
+def test_nan_loss_before_any_checkpoint_names_none(tmp_path, data_bin, monkeypatch):
+    poison_weights_before_update(monkeypatch, 2)
+    run = tmp_path / "run"
+    result = nmt(["train", data_bin, "--save-dir", run, *TINY, "--max-update", "8", "--log-interval", "100"])
+    line = assert_one_error(result.exit_code, result.stderr, "NaN/inf at update 2")
+    assert "checkpoint" not in line and not list(run.glob("*.pt"))
 
 
 def test_fp16_overflow_is_absorbed_by_loss_scaling_end_to_end(tmp_path, data_bin, monkeypatch):

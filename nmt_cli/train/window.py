@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,14 +76,16 @@ class Window:
         counted = max(self.updates - int(overflows), 1)
         return WindowTotals(loss, nll, self.tokens, norm / counted, int(overflows))
 
-    def raise_if_not_finite(self, fp16: bool, dist: DistInfo) -> None:
+    def raise_if_not_finite(self, fp16: bool, dist: DistInfo, last_checkpoint: Path) -> None:
         """NmtError naming the first update whose loss was NaN/inf (fp16: never, the
-        scaler skips such steps)."""
+        scaler skips such steps), and `last_checkpoint` if it exists: every save calls
+        this first, so a checkpoint on disk predates the NaN."""
         if fp16:
             return
         bad = int(all_reduce_max(self.first_bad_update.clone(), dist).item())
         if bad:
+            saved = f" ({last_checkpoint.name} predates it)" if last_checkpoint.exists() else ""
             raise NmtError(
                 f"the training loss became NaN/inf at update {bad}; lower --lr, set --clip-norm, "
-                "or use --precision bf16/fp32 (checkpoint_last.pt predates it)"
+                f"or use --precision bf16/fp32{saved}"
             )
