@@ -108,7 +108,10 @@ def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "ch
     `source` names the checkpoint in error messages.
     """
     cfg = ModelConfig.from_dict(state["model_config"])
-    model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+    try:
+        model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+    except NmtError as error:
+        raise NmtError(f"{source}: {error}") from None
     weights = state["model"]
     check_state_dict_fits(model, weights, source)
     check_finite_weights(weights, source)

@@ -15,6 +15,9 @@ from nmt_cli.errors import NmtError
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
+# torch takes sizes as int64; a larger one can never be built, and counting parameters
+# with it (nmt_cli/models/size.py) could exceed what a float, and so a message, can show.
+MAX_MODEL_SIZE = 2**63 - 1
 
 
 def check_finite_numbers(config: Any) -> None:
@@ -58,6 +61,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if type(value) is int and value > MAX_MODEL_SIZE:
+                raise NmtError(f"--{field.name.replace('_', '-')} must be below 2^63 (got {len(str(value))} digits)")
         for side in ("encoder", "decoder"):
             dim = getattr(self, f"{side}_embed_dim")
             heads = getattr(self, f"{side}_attention_heads")

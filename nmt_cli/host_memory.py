@@ -1,8 +1,10 @@
-"""How the process's C library hands out host memory, tuned for CPU training and decoding."""
+"""Host memory: how much the machine has, and how the process's C library hands it out,
+tuned for CPU training and decoding."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 # mallopt parameters, from glibc's <malloc.h>.
@@ -34,3 +36,15 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False  # e.g. musl, which has no mallopt
     return bool(mallopt(M_MMAP_THRESHOLD, LARGEST_HEAP_BLOCK)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM_BELOW))
+
+
+def physical_memory_bytes() -> int | None:
+    """The machine's physical memory in bytes, or None where the system does not say
+    (no os.sysconf on Windows, names unknown to some systems, -1 when undetermined)."""
+    try:
+        page_size, pages = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+    if page_size <= 0 or pages <= 0:
+        return None
+    return page_size * pages

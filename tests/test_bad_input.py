@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -153,6 +154,12 @@ def separate_dictionaries(ws: Workspace) -> Path:
     return copy
 
 
+def huge_checkpoint(ws: Workspace) -> Path:
+    """The tiny checkpoint, its model_config claiming 10^8 encoder layers."""
+    config = load_checkpoint(ws.checkpoint)["model_config"]
+    return ws.checkpoint_with("huge.pt", model_config={**config, "encoder_layers": 10**8})
+
+
 def fifo(ws: Workspace, name: str) -> Path:
     os.mkfifo(ws.root / name)
     return ws.root / name
@@ -243,6 +250,14 @@ CASES = [
          ("--max-target-positions must be >= 1",)),
     Case("train", "--share-all-embeddings on separate dictionaries", lambda ws: train(
         ws, separate_dictionaries(ws), "--share-all-embeddings"), ("--share-all-embeddings needs one joined dictionary",)),
+    Case("train", "a model too big for memory", lambda ws: train(ws, ws.data_bin, "--encoder-ffn-embed-dim", "10000000000"),
+         ("parameters: its float32 weights alone need",)),
+    Case("train", "10^8 layers", lambda ws: train(ws, ws.data_bin, "--encoder-layers", "100000000"),
+         ("parameters: its float32 weights alone need",)),
+    Case("train", "a dimension whose size overflows torch", lambda ws: train(
+        ws, ws.data_bin, "--encoder-embed-dim", "99999999999998"), ("parameters: its float32 weights alone need",)),
+    Case("train", "sinusoids for 10^12 positions", lambda ws: train(ws, ws.data_bin, "--max-source-positions", str(10**12)),
+         ("sinusoidal position tables", "--max-source-positions 1000000000000")),
     # translate
     Case("translate", "text file as checkpoint", lambda ws: translate(ws, ws.file("notes.txt", "hello\n")),
          ("not a readable nmt checkpoint", "notes.txt"), stdin=b"w1\n"),
@@ -253,6 +268,9 @@ CASES = [
          ("other.pt", "not those of the architecture"), stdin=b"w1\n"),
     Case("translate", "model_config with unknown fields", lambda ws: translate(
         ws, ws.checkpoint_with("odd.pt", model_config={"layers": 2}), "--data-bin", ws.run), ("odd.pt", "layers"),
+         stdin=b"w1\n"),
+    Case("translate", "model_config of a model too big for memory", lambda ws: translate(
+        ws, huge_checkpoint(ws), "--data-bin", ws.run), ("huge.pt", "parameters: its float32 weights alone need"),
          stdin=b"w1\n"),
     Case("translate", "stored dictionary without specials", lambda ws: translate(
         ws, ws.checkpoint_with("nospecials.pt", src_dict=[f"w{i}" for i in range(24)]), "--data-bin", ws.run),
@@ -314,6 +332,10 @@ CASES = [
     Case("info", "model_config with a value of the wrong type", lambda ws: ["info", "--path", ws.checkpoint_with(
         "odd.pt", model_config={**load_checkpoint(ws.checkpoint)["model_config"], "encoder_layers": "two"})],
          ("odd.pt", "encoder_layers")),
+    Case("info", "a dimension of 161 digits", lambda ws: ["info", "--arch", "transformer_tiny", "--encoder-embed-dim",
+         str(10**160)], ("--encoder-embed-dim must be below 2^63 (got 161 digits)",)),
+    Case("info", "model_config of a model too big for memory", lambda ws: ["info", "--path", huge_checkpoint(ws)],
+         ("huge.pt", "parameters: its float32 weights alone need")),
 ]
 
 
@@ -334,6 +356,16 @@ def test_bad_input_gets_one_error_line(case: Case, shared, tmp_path):
     assert args[0] == case.command
     result = nmt(args, case.stdin)
     assert_one_error(result.exit_code, result.stderr, *case.fragments)
+
+
+def test_a_model_of_10_8_layers_is_refused_at_once(shared, tmp_path):
+    """The size is counted from the config: nothing is built, and nothing waits for it."""
+    ws = Workspace(tmp_path, *shared)
+    for args in (train(ws, ws.data_bin, "--encoder-layers", "100000000"), ["info", "--path", huge_checkpoint(ws)]):
+        start = time.monotonic()
+        result = nmt(args)
+        assert time.monotonic() - start < 2
+        assert_one_error(result.exit_code, result.stderr, "parameters: its float32 weights alone need")
 
 
 def test_every_command_is_in_the_battery():

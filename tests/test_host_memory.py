@@ -1,11 +1,15 @@
-"""keep_freed_memory: freed blocks stay with the process for reuse (checked in a fresh process)."""
+"""keep_freed_memory: freed blocks stay with the process for reuse (checked in a fresh process);
+physical_memory_bytes where the system cannot say."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from nmt_cli.host_memory import physical_memory_bytes
 
 # Prints how much resident memory (MiB) freeing a written 16 MiB block gives back.
 FREED_MIB = """
@@ -35,3 +39,19 @@ def test_freed_memory_stays_with_the_process() -> None:
         pytest.skip("the C library is not glibc")
     assert float(freed_mib("default")) > 12  # the default: the block goes back to the system
     assert float(kept) < 4
+
+
+def test_physical_memory_is_none_where_the_system_does_not_say(monkeypatch: pytest.MonkeyPatch) -> None:
+    memory = physical_memory_bytes()
+    assert memory is None or memory > 0
+    if hasattr(os, "sysconf"):
+        monkeypatch.setattr(os, "sysconf", lambda name: -1)  # undetermined
+        assert physical_memory_bytes() is None
+
+        def unknown_name(name: str) -> int:
+            raise ValueError(f"unrecognized configuration name {name}")
+
+        monkeypatch.setattr(os, "sysconf", unknown_name)
+        assert physical_memory_bytes() is None
+    monkeypatch.delattr(os, "sysconf", raising=False)  # as on Windows
+    assert physical_memory_bytes() is None

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
+import time
 
 import pytest
 import torch
@@ -21,11 +23,14 @@ from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
 from nmt_cli.errors import NmtError
 from nmt_cli.models import layers as layers_module
+from nmt_cli.models import registry as registry_module
+from nmt_cli.models import size as size_module
 from nmt_cli.models import transformer as transformer_module
 from nmt_cli.models.transformer import vocabulary_logits
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
 from nmt_cli.models.layers import few_query_attention, sinusoidal_table
 from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
+from nmt_cli.models.size import parameter_counts
 
 SRC = padded_batch(1, [7, 4, 5, 1], SRC_V)
 PREV = padded_batch(2, [6, 6, 3, 5], TGT_V, bos=EOS)
@@ -476,6 +481,82 @@ def test_parameter_counts_match_closed_form(arch: str, d: int, d_ff: int, vocab:
     assert abs(count / 1e6 - paper_millions) / paper_millions < 0.08
 
 
+def built_parameter_counts(model: nn.Module) -> dict[str, int]:
+    """Distinct parameters by part, from a built model's names (as `nmt info` reported them
+    when it built models): embeddings (tokens, output, learned positions), encoder, decoder."""
+    parts = {"embeddings": 0, "encoder": 0, "decoder": 0}
+    seen: set[int] = set()
+    for name, param in model.named_parameters():  # a shared parameter is listed once
+        if id(param) not in seen:
+            seen.add(id(param))
+            if "embed_tokens" in name or "embed_positions" in name or "output_projection" in name:
+                parts["embeddings"] += param.numel()
+            else:
+                parts["encoder" if name.startswith("encoder.") else "decoder"] += param.numel()
+    parts["total"] = count_parameters(model)
+    return parts
+
+
+COUNT_VARIANTS = [
+    pytest.param({}, id="preset"),
+    pytest.param({"share_all_embeddings": True}, id="share-all"),
+    pytest.param({"share_decoder_input_output_embed": True}, id="share-dec-io"),
+    pytest.param({"normalize_before": True}, id="pre-norm"),
+    pytest.param({"learned_pos": True, "max_source_positions": 7, "max_target_positions": 9}, id="learned-pos"),
+    pytest.param({"encoder_embed_dim": 64, "encoder_attention_heads": 4, "encoder_ffn_embed_dim": 96,
+                  "encoder_layers": 1, "decoder_layers": 3}, id="other-encoder-sizes"),
+    pytest.param({"encoder_embed_dim": 64, "encoder_attention_heads": 4, "learned_pos": True,
+                  "share_decoder_input_output_embed": True, "normalize_before": True}, id="mixed"),
+]
+
+
+@pytest.mark.parametrize("overrides", COUNT_VARIANTS)
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_parameter_counts_from_the_config_match_the_built_model(arch: str, overrides: dict) -> None:
+    cfg = resolve_config(arch, overrides)
+    src_vocab, tgt_vocab = (40, 40) if cfg.share_all_embeddings else (30, 40)
+    with torch.device("meta"):
+        model = build_model(cfg, src_vocab, tgt_vocab)
+    assert parameter_counts(cfg, src_vocab, tgt_vocab) == built_parameter_counts(model)
+
+
+def test_parameter_counts_check_vocabulary_sizes_as_the_model_does() -> None:
+    with pytest.raises(NmtError, match="joined dictionary"):
+        parameter_counts(resolve_config("transformer_tiny", {"share_all_embeddings": True}), 30, 40)
+    with pytest.raises(NmtError, match="target vocabulary of 1 symbols is too small"):
+        parameter_counts(ARCHITECTURES["transformer_tiny"], 30, 1)
+
+
+def test_a_model_too_big_for_memory_is_refused_before_it_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def never(*args):
+        raise AssertionError("a refused model was built")
+
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: 100 * 10**6)
+    monkeypatch.setattr(registry_module, "Transformer", never)
+    cfg = ARCHITECTURES["transformer_big"]
+    parameters = parameter_counts(cfg, 37000, 37000)["total"]
+    with pytest.raises(NmtError) as refused:
+        build_model(cfg, 37000, 37000)
+    assert str(refused.value) == (f"this model has {parameters:,} parameters: its float32 weights alone need "
+                                  f"{4 * parameters / 1e9:,.1f} GB, more than this machine's 0.1 GB of memory")
+    # Small weights, but sinusoids for 10^8 positions.
+    with pytest.raises(NmtError, match=r"needs at least 12\.8 GB, more than .* for its sinusoidal position tables "
+                                       r"\(--max-source-positions 100000000, "):
+        build_model(resolve_config("transformer_tiny", {"max_source_positions": 10**8}), 30, 40)
+    # Small weights (0.4 GB), but 10^6 layers, whose Python and torch objects take at least 10 GB.
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: 5 * 10**9)
+    narrow = {"encoder_layers": 10**6, "encoder_embed_dim": 4, "encoder_attention_heads": 1, "encoder_ffn_embed_dim": 1}
+    with pytest.raises(NmtError, match=r"GB for the torch modules of its 1,000,002 layers$"):
+        build_model(resolve_config("transformer_tiny", narrow), 30, 40)
+
+
+def test_without_the_memory_size_only_sizes_torch_cannot_compute_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: None)
+    with pytest.raises(NmtError, match="more than the 2\\^63 bytes that torch can address"):
+        build_model(resolve_config("transformer_tiny", {"encoder_embed_dim": 99999999999998}), 30, 40)
+    assert count_parameters(build_model(ARCHITECTURES["transformer_tiny"], 30, 40)) > 0
+
+
 def test_presets_and_resolve_config() -> None:
     assert set(ARCHITECTURES) >= {"transformer_base", "transformer_big", "transformer_iwslt_de_en",
                                   "transformer_small", "transformer_tiny"}
@@ -515,8 +596,6 @@ def test_info_prints_architecture_and_parameter_count() -> None:
     result = CliRunner().invoke(main, ["info", "--arch", "transformer_base", "--vocab-size", "37000",
                                        "--share-all-embeddings", "--json"])
     assert result.exit_code == 0, result.output
-    import json
-
     info = json.loads(result.output)
     assert info["parameters"]["total"] == paper_parameter_count(512, 2048, 6, 37000)
     assert info["config"]["share_all_embeddings"] is True
@@ -528,6 +607,27 @@ def test_info_prints_architecture_and_parameter_count() -> None:
     assert "decoder_layers" in text.output and "with decoder_layers=1" in text.output
     model = build_model(resolve_config("transformer_tiny", {"decoder_layers": 1}), 30, 40)
     assert f"{count_parameters(model):,}" in text.output
+
+
+def test_info_counts_sizes_that_cannot_be_built_at_once() -> None:
+    """Counted from the config: 10^8 layers, or a dimension whose size overflows torch, take no time."""
+    start = time.monotonic()
+    result = CliRunner().invoke(main, ["info", "--arch", "transformer_big", "--encoder-layers", "100000000", "--json"])
+    assert result.exit_code == 0, result.output
+    assert time.monotonic() - start < 2
+    with torch.device("meta"):
+        one, two = (count_parameters(build_model(resolve_config("transformer_big", {"encoder_layers": n}), 8, 8))
+                    for n in (1, 2))
+        six = count_parameters(build_model(ARCHITECTURES["transformer_big"], 8, 8))
+    embeddings = 3 * 8 * 1024  # vocabularies of 8 (info's placeholder): two embeddings, the output projection
+    expected = six - embeddings + (10**8 - 6) * (two - one)
+    assert json.loads(result.output)["parameters"] == {"without_embeddings": expected}
+
+    result = CliRunner().invoke(main, ["info", "--arch", "transformer_tiny", "--encoder-embed-dim", "99999999999998",
+                                       "--vocab-size", "30"])
+    assert result.exit_code == 0, result.output
+    cfg = resolve_config("transformer_tiny", {"encoder_embed_dim": 99999999999998})
+    assert f"{parameter_counts(cfg, 30, 30)['total']:,}" in result.output
 
 
 def test_info_rejects_bad_flag_combinations() -> None:

@@ -11,33 +11,18 @@ import torch
 
 from nmt_cli.commands.model_options import model_options, overrides_from
 from nmt_cli.config import ModelConfig
-from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, matching_architecture, resolve_config
+from nmt_cli.errors import NmtError
+from nmt_cli.models.registry import ARCHITECTURES, build_model, matching_architecture, resolve_config
+from nmt_cli.models.size import parameter_counts
 
 # Vocabulary size used to build a model when none is given; its embeddings are not reported.
 _PLACEHOLDER_VOCAB = 8
 
 
-def parameter_breakdown(model: torch.nn.Module) -> dict[str, int]:
-    """Distinct parameters by part: embeddings (tokens, output, learned positions), encoder, decoder."""
-    parts = {"embeddings": 0, "encoder": 0, "decoder": 0}
-    seen: set[int] = set()
-    for name, param in model.named_parameters():  # shared parameters are listed once
-        if id(param) in seen:
-            continue
-        seen.add(id(param))
-        if "embed_tokens" in name or "embed_positions" in name or "output_projection" in name:
-            parts["embeddings"] += param.numel()
-        else:
-            parts["encoder" if name.startswith("encoder.") else "decoder"] += param.numel()
-    parts["total"] = count_parameters(model)
-    return parts
-
-
 def describe(cfg: ModelConfig, src_vocab_size: int | None, tgt_vocab_size: int | None) -> dict[str, Any]:
-    """Architecture, sizes and parameter counts; the model is built on the meta device (no memory)."""
-    with torch.device("meta"):
-        model = build_model(cfg, src_vocab_size or _PLACEHOLDER_VOCAB, tgt_vocab_size or _PLACEHOLDER_VOCAB)
-    parameters = parameter_breakdown(model)
+    """Architecture, sizes and parameter counts, counted from the config: no model is
+    built, so any size is described at once."""
+    parameters = parameter_counts(cfg, src_vocab_size or _PLACEHOLDER_VOCAB, tgt_vocab_size or _PLACEHOLDER_VOCAB)
     if src_vocab_size is None:
         parameters = {"without_embeddings": parameters["encoder"] + parameters["decoder"]}
     return {
@@ -80,9 +65,15 @@ def _from_checkpoint(path: Path) -> dict[str, Any]:
 
     state = load_checkpoint(path, map_location="meta")
     cfg = ModelConfig.from_dict(state["model_config"])
-    info = describe(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
-    with torch.device("meta"):
-        model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+    try:
+        info = describe(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+        # Built on the meta device, for the names and shapes of its weights. build_model
+        # still refuses a model too big for this machine: that model cannot be used here,
+        # and one of 10^8 layers would take long to build even so.
+        with torch.device("meta"):
+            model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+    except NmtError as error:
+        raise NmtError(f"{path}: {error}") from None
     check_state_dict_fits(model, state["model"], path)
     info["checkpoint"] = str(path)
     for key in ("source_lang", "target_lang", "num_updates", "epoch", "best_metric"):

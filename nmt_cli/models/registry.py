@@ -13,6 +13,7 @@ from torch import nn
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.models.size import check_model_fits
 from nmt_cli.models.transformer import Transformer
 
 ARCHITECTURES: dict[str, ModelConfig] = {
@@ -61,7 +62,12 @@ def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
-    """A freshly initialised Transformer for the given vocabulary sizes."""
+    """A freshly initialised Transformer for the given vocabulary sizes.
+
+    NmtError, before anything is allocated, for a model too big for this machine's memory
+    (every command builds its models here: train, translate, info, import-fairseq).
+    """
+    check_model_fits(cfg, src_vocab_size, tgt_vocab_size)
     return Transformer(cfg, src_vocab_size, tgt_vocab_size)
 
 

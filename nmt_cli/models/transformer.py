@@ -194,23 +194,28 @@ class TransformerDecoder(nn.Module):
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
+def check_vocab_sizes(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
+    """NmtError when a Transformer of `cfg` cannot have these vocabulary sizes."""
+    for side, size in (("source", src_vocab_size), ("target", tgt_vocab_size)):
+        if size <= PAD_ID:
+            raise NmtError(f"{side} vocabulary of {size} symbols is too small")
+    if cfg.share_all_embeddings and src_vocab_size != tgt_vocab_size:
+        raise NmtError(
+            f"--share-all-embeddings needs one joined dictionary, but the source has "
+            f"{src_vocab_size} symbols and the target {tgt_vocab_size} (preprocess with --joined-dictionary)"
+        )
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer; see the module docstring for the decoding interface."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
-        for side, size in (("source", src_vocab_size), ("target", tgt_vocab_size)):
-            if size <= PAD_ID:
-                raise NmtError(f"{side} vocabulary of {size} symbols is too small")
+        check_vocab_sizes(cfg, src_vocab_size, tgt_vocab_size)
         self.cfg = cfg
         self.pad_idx = PAD_ID
         encoder_embed = make_embedding(src_vocab_size, cfg.encoder_embed_dim, PAD_ID)
         if cfg.share_all_embeddings:
-            if src_vocab_size != tgt_vocab_size:
-                raise NmtError(
-                    f"--share-all-embeddings needs one joined dictionary, but the source has "
-                    f"{src_vocab_size} symbols and the target {tgt_vocab_size} (preprocess with --joined-dictionary)"
-                )
             decoder_embed = encoder_embed
         else:
             decoder_embed = make_embedding(tgt_vocab_size, cfg.decoder_embed_dim, PAD_ID)
