@@ -18,6 +18,8 @@ MAX_SEED = 2**32 - 1
 # torch takes sizes as int64; a larger one can never be built, and counting parameters
 # with it (nmt_cli/models/size.py) could exceed what a float, and so a message, can show.
 MAX_MODEL_SIZE = 2**63 - 1
+# fairseq's sinusoid frequencies divide by dim // 2 - 1, which must not be 0.
+MIN_SINUSOID_DIM = 4
 
 
 def check_finite_numbers(config: Any) -> None:
@@ -72,6 +74,9 @@ class ModelConfig:
                 raise NmtError(f"{side} sizes must be positive")
             if dim % heads != 0:
                 raise NmtError(f"--{side}-embed-dim {dim} is not divisible by --{side}-attention-heads {heads}")
+            if dim < MIN_SINUSOID_DIM and not self.learned_pos:
+                raise NmtError(f"--{side}-embed-dim {dim} is too small for sinusoidal positions "
+                               f"(at least {MIN_SINUSOID_DIM}, or --learned-pos)")
         for name in ("max_source_positions", "max_target_positions"):
             if getattr(self, name) < 1:
                 raise NmtError(f"--{name.replace('_', '-')} must be >= 1 (got {getattr(self, name)})")

@@ -334,6 +334,8 @@ CASES = [
          ("odd.pt", "encoder_layers")),
     Case("info", "a dimension of 161 digits", lambda ws: ["info", "--arch", "transformer_tiny", "--encoder-embed-dim",
          str(10**160)], ("--encoder-embed-dim must be below 2^63 (got 161 digits)",)),
+    Case("info", "a dimension too small for sinusoids", lambda ws: ["info", "--arch", "transformer_tiny",
+         "--decoder-embed-dim", "2"], ("--decoder-embed-dim 2 is too small for sinusoidal positions",)),
     Case("info", "model_config of a model too big for memory", lambda ws: ["info", "--path", huge_checkpoint(ws)],
          ("huge.pt", "parameters: its float32 weights alone need")),
 ]
