@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
-from nmt_cli.data.dictionary import Dictionary
+from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.bpe import BpeModel, learn_bpe
@@ -211,19 +211,33 @@ def make_dictionaries(cfg: PreprocessConfig, train_counts: dict[str, Counter], o
         joined = (
             Dictionary.load(cfg.srcdict)
             if cfg.srcdict is not None
-            else Dictionary.build(train_counts["src"] + train_counts["tgt"], cfg.thresholdsrc, cfg.nwordssrc)
+            else build_dictionary(train_counts["src"] + train_counts["tgt"], cfg.thresholdsrc, cfg.nwordssrc,
+                                  "--thresholdsrc", "joined")
         )
         dictionaries = {"src": joined, "tgt": joined}
     else:
         dictionaries = {
-            "src": Dictionary.load(cfg.srcdict) if cfg.srcdict else Dictionary.build(train_counts["src"], cfg.thresholdsrc, cfg.nwordssrc),
-            "tgt": Dictionary.load(cfg.tgtdict) if cfg.tgtdict else Dictionary.build(train_counts["tgt"], cfg.thresholdtgt, cfg.nwordstgt),
+            "src": Dictionary.load(cfg.srcdict) if cfg.srcdict else build_dictionary(
+                train_counts["src"], cfg.thresholdsrc, cfg.nwordssrc, "--thresholdsrc", cfg.source_lang),
+            "tgt": Dictionary.load(cfg.tgtdict) if cfg.tgtdict else build_dictionary(
+                train_counts["tgt"], cfg.thresholdtgt, cfg.nwordstgt, "--thresholdtgt", cfg.target_lang),
         }
     paths = {}
     for side, lang in (("src", cfg.source_lang), ("tgt", cfg.target_lang)):
         paths[side] = out / f"dict.{lang}.txt"
         dictionaries[side].save(paths[side])
     return paths
+
+
+def build_dictionary(counts: Counter, threshold: int, nwords: int, flag: str, side: str) -> Dictionary:
+    """Dictionary.build, or NmtError when the threshold drops every word: all text would
+    become <unk> (a threshold suited to a larger corpus, say)."""
+    dictionary = Dictionary.build(counts, threshold, nwords)
+    most = max((c for word, c in counts.items() if word not in SPECIALS), default=0)
+    if most and most < threshold:
+        raise NmtError(f"{flag} {threshold} drops every word of the {side} dictionary: the most frequent "
+                       f"is seen {most} times in the training data")
+    return dictionary
 
 
 def make_meta(

@@ -259,3 +259,14 @@ def test_leftovers_of_dead_runs_are_removed(corpus: Path) -> None:
         (leftover / "train.en-de.en.bin").write_bytes(b"partial")
     run(config(corpus))
     assert not dead.exists() and not dead_replaced.exists() and alive.exists()
+
+
+@pytest.mark.parametrize("joined", [True, False])
+def test_a_threshold_that_drops_every_word_is_refused(corpus: Path, joined: bool) -> None:
+    flags = {"thresholdsrc": 10**6} if joined else {"thresholdtgt": 10**6}
+    side = "joined" if joined else "de"
+    flag = "--thresholdsrc" if joined else "--thresholdtgt"
+    with pytest.raises(NmtError, match=rf"^{flag} 1000000 drops every word of the {side} dictionary: the most "
+                                       r"frequent is seen \d+ times in the training data$"):
+        run(config(corpus, joined_dictionary=joined, **flags))
+    assert not (corpus / "data-bin").exists()
