@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,6 +237,19 @@ def test_interrupted_binarize_leaves_no_partial_files(tmp_path: Path, monkeypatc
     result = nmt("binarize", "--dict", dictionary, "--input", text, "--output-prefix", out / "y")
     assert result.exit_code == 130 and result.stderr == "interrupted\n", result.output
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_binarize_removes_the_files_of_killed_runs_only(tmp_path: Path) -> None:
+    dictionary, out, before = binarize_workspace(tmp_path)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, alive = int(finished.stdout), os.getppid()  # a process that has exited, and one that runs
+    killed = [f"x.partial-{dead}.bin", f"x.partial-{dead}.part1.idx"]
+    running = [f"x.partial-{alive}.bin", f"y.partial-{dead}.bin"]  # another run's, another prefix's
+    for name in killed + running:
+        (out / name).write_bytes(b"partial")
+    result = nmt("binarize", "--dict", dictionary, "--input", tmp_path / "good.txt", "--output-prefix", out / "x")
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == set(before) | set(running)
 
 
 @pytest.mark.parametrize("prefix", ["", "out/", "out/.", "out/..", "."])

@@ -36,6 +36,7 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
         raise NmtError(f"dictionary not found: {dict_path}")
     num_lines = count_lines(source)
     make_parent_directory(prefix)
+    _remove_files_of_killed_runs(prefix)
     reporter = StageReporter()
     partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
     try:
@@ -52,6 +53,18 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
         raise
     unk_rate = 100 * result.unk / max(result.tokens, 1)
     click.echo(f"{prefix}: {result.sentences} sentences, {result.tokens} tokens, {unk_rate:.2f}% <unk>")
+
+
+def _remove_files_of_killed_runs(prefix: Path) -> None:
+    """Delete the PREFIX.partial-PID files of earlier runs whose process no longer runs
+    (killed outright, they could not remove their own)."""
+    from nmt_cli.staging import leftovers_of_dead_processes
+
+    for path in leftovers_of_dead_processes(prefix.parent, f"{prefix.name}.partial-"):
+        try:
+            path.unlink()
+        except OSError:
+            pass  # not a file of ours, or gone already: leaving it loses nothing
 
 
 def _remove_partial_files(partial: Path) -> None:
