@@ -126,6 +126,35 @@ def test_beams_sharing_their_sentence_equal_one_row_per_sentence() -> None:
     assert shared["cross_kv"].size(2) == 3 and copied["cross_kv"].size(2) == 6  # stored per sentence
 
 
+def test_beam_cache_equals_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU's float32 cache, which reordering leaves in place (BeamCache), gives the
+    row-major cache's log-probs: a forced prefix, beams reordered and duplicated within
+    their sentences, a sentence leaving, the capacity doubling."""
+    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
+    model = tiny_model(13)
+    K = 3
+    prev = padded_batch(14, [9] * (4 * K), TGT_V, bos=EOS)
+    steps = {4: ([2, 2, 0, 3, 5, 4, 8, 6, 7, 11, 11, 9], None), 6: ([1, 0, 0, 9, 11, 10, 5, 3, 4], [0, 3, 1]),
+             8: ([2, 1, 0, 3, 3, 3, 6, 8, 7], None)}
+    caches, outs = {}, {}
+    for beam_layout in (True, False):
+        monkeypatch.setattr(transformer_module, "BEAM_CACHE_ON_CPU", beam_layout)
+        encoder_out, cache, rows, got = model.encode(SRC), {}, prev, []
+        got.append(model.decode_step(rows[:, :3], encoder_out, cache))  # a 3-token prefix
+        for t in range(3, rows.size(1)):
+            if t in steps:
+                index, sentences = (None if x is None else torch.tensor(x) for x in steps[t])
+                model.reorder_cache(cache, index, sentence_index=sentences)
+                if sentences is not None:
+                    encoder_out = model.reorder_encoder_out(encoder_out, sentences)
+                rows = rows[index]
+            got.append(model.decode_step(rows[:, : t + 1], encoder_out, cache))
+        caches[beam_layout], outs[beam_layout] = cache, got
+    assert "beam_kv" in caches[True] and "self_kv" in caches[False]
+    for a, b in zip(outs[True], outs[False]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
 def test_decode_step_needs_the_same_number_of_rows_per_sentence() -> None:
     model = tiny_model(9)
     with pytest.raises(ValueError, match="5 target rows for 4 sentences"):

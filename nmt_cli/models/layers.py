@@ -147,7 +147,7 @@ def key_padding_to_attn_mask(padding_mask: Tensor) -> Tensor:
 
 def few_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
     """Attention of a decoding step's few queries: q (B, H, n, Dh), k and v (B, H, S, Dh),
-    attn_mask None or additive (B, 1, 1, S) -> (B, H, n, Dh). No dropout.
+    attn_mask None or additive (B, 1, 1 or n, S) -> (B, H, n, Dh). No dropout.
 
     On a CPU, scaled_dot_product_attention's kernel works through B * H tiny blocks one
     by one; two batched matrix products do the same work about three times faster when
@@ -196,6 +196,20 @@ class StaticPosition:
     self_mask: Tensor  # (1, 1, 1, capacity) additive: 0 at positions <= index, -inf after
 
 
+@dataclass
+class BeamCache:
+    """A decoder layer's self-attention cache in the layout of CPU decoding, which beam
+    reordering leaves in place (see nmt_cli/models/transformer.py).
+
+    Each new position's keys and values stay in the slot of the beam that computed
+    them; a row attends over its whole sentence's slots, and `history_mask` lets each
+    query see only the slots its own history went through.
+    """
+
+    kv: Tensor  # (2, B, H, capacity, K, Dh): keys and values per sentence, position and beam slot
+    history_mask: Tensor  # (B, 1, K * n, T * K) additive: 0 where the query's history is, -inf elsewhere
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a fused q/k/v projection."""
 
@@ -219,12 +233,15 @@ class SelfAttention(nn.Module):
         out = sequence_attention(q, k, v, attn_mask, dropout, is_causal)
         return self.out_proj(merge_heads(out))
 
-    def forward_cached(self, x: Tensor, kv_cache: Tensor, start: int) -> Tensor:
+    def forward_cached(self, x: Tensor, kv_cache: Tensor | BeamCache, start: int) -> Tensor:
         """Incremental causal attention for new tokens x (B, n, D) at positions start..start+n-1.
 
         kv_cache (B, capacity, 2, H, Dh) holds keys/values of the earlier positions;
         this writes the new ones in place and attends over positions 0..start+n-1.
+        A BeamCache (x then holds K rows per sentence) is read through its history mask.
         """
+        if isinstance(kv_cache, BeamCache):
+            return self._forward_beam_cache(x, kv_cache, start)
         B, n, _ = x.shape
         qkv = self.in_proj(x).view(B, n, 3, self.num_heads, -1)  # (B, n, 3, H, Dh)
         kv_cache[:, start : start + n] = qkv[:, :, 1:]
@@ -241,6 +258,18 @@ class SelfAttention(nn.Module):
             is_causal = False
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
         return self.out_proj(merge_heads(out))
+
+    def _forward_beam_cache(self, x: Tensor, cache: BeamCache, start: int) -> Tensor:
+        """forward_cached on a BeamCache: x (B*K, n, D), K rows per sentence."""
+        rows, n, D = x.shape
+        _, B, H, _, K, Dh = cache.kv.shape
+        qkv = self.in_proj(x).view(B, K, n, 3, H, Dh)
+        cache.kv[:, :, :, start : start + n] = qkv[:, :, :, 1:].permute(3, 0, 4, 2, 1, 5)  # (2, B, H, n, K, Dh)
+        # A sentence's T * K (position, slot) keys are one contiguous block per head.
+        k, v = cache.kv[:, :, :, : start + n].reshape(2, B, H, (start + n) * K, Dh).unbind(0)
+        q = qkv[:, :, :, 0].permute(0, 3, 1, 2, 4).reshape(B, H, K * n, Dh)
+        out = few_query_attention(q, k, v, cache.history_mask)  # (B, H, K * n, Dh)
+        return self.out_proj(out.view(B, H, K, n, Dh).permute(0, 2, 3, 1, 4).reshape(rows, n, D))
 
     def forward_static(self, x: Tensor, kv_cache: Tensor, position: StaticPosition) -> Tensor:
         """forward_cached for one new token x (B, 1, D), with shapes that do not depend on
@@ -388,13 +417,13 @@ class DecoderLayer(nn.Module):
         return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))
 
     def forward_cached(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor,
-                       self_kv_cache: Tensor, start: int | StaticPosition) -> Tensor:
+                       self_kv_cache: Tensor | BeamCache, start: int | StaticPosition) -> Tensor:
         """Decoding: new tokens x (B*K, n, D) at positions start.. -> (B*K, n, D).
 
         K target rows per source sentence (see CrossAttention.forward_cached); cross_k,
         cross_v (B, H, S, Dh) and cross_mask (B, 1, 1, S) per sentence; self_kv_cache
-        (B*K, capacity, 2, H, Dh) per row. With a StaticPosition, n is 1 and the step
-        keeps fixed shapes (SelfAttention.forward_static).
+        (B*K, capacity, 2, H, Dh) per row, or a BeamCache. With a StaticPosition, n is 1
+        and the step keeps fixed shapes (SelfAttention.forward_static).
         """
         w = self.wiring
         x_norm = w.before(x, self.self_attn_layer_norm)
