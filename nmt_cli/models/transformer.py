@@ -383,8 +383,11 @@ class Transformer(nn.Module):
             return
         if "beam_kv" in cache:  # the keys and values stay; each row takes its new history
             cache["beam_origin"] = cache["beam_origin"].index_select(0, index)
-            if sentence_index is not None:
-                cache["beam_kv"] = cache["beam_kv"].index_select(2, sentence_index)
+            if sentence_index is not None:  # only the filled positions are copied
+                old, length = cache["beam_kv"], cache["length"]
+                kept = old.new_empty(old.shape[:2] + (sentence_index.numel(),) + old.shape[3:])
+                torch.index_select(old[:, :, :, :, :length], 2, sentence_index, out=kept[:, :, :, :, :length])
+                cache["beam_kv"] = kept
                 cache["cross_kv"] = cache["cross_kv"].index_select(2, sentence_index)
                 cache["cross_mask"] = cache["cross_mask"][sentence_index]
             return
