@@ -357,19 +357,19 @@ class Transformer(nn.Module):
 
     @staticmethod
     def _ensure_capacity(cache: dict, needed: int) -> None:
-        if "beam_kv" in cache:
-            _ensure_beam_capacity(cache, needed)
-            return
-        old = cache["self_kv"]
-        capacity = old.size(1)
+        """Double the self-attention buffers' capacity until `needed` positions fit."""
+        beams = "beam_kv" in cache
+        capacity = cache["beam_kv"].size(4) if beams else cache["self_kv"].size(1)
         if needed <= capacity:
             return
         while capacity < needed:
             capacity *= 2
-        new = _new_buffer(cache, old, (old.size(0), capacity, *old.shape[2:]))
-        new[:, : cache["length"]] = old[:, : cache["length"]]
-        cache["self_kv"] = new
-        cache["self_kv_spare"] = None
+        if beams:
+            cache["beam_kv"] = _with_capacity(cache, cache["beam_kv"], 4, capacity)
+            cache["beam_origin"] = _with_capacity(cache, cache["beam_origin"], 1, capacity)
+        else:
+            cache["self_kv"] = _with_capacity(cache, cache["self_kv"], 1, capacity)
+            cache["self_kv_spare"] = None
 
     def reorder_cache(self, cache: dict, index: Tensor, sentence_index: Tensor | None = None) -> None:
         """Keep target rows `index` (B'*K,), in that order (beam reordering), and, when
@@ -381,24 +381,22 @@ class Transformer(nn.Module):
         """
         if not cache:
             return
+        # Only the filled positions of the self-attention buffers are copied, not their
+        # spare capacity.
+        length = cache["length"]
         if "beam_kv" in cache:  # the keys and values stay; each row takes its new history
             cache["beam_origin"] = cache["beam_origin"].index_select(0, index)
-            if sentence_index is not None:  # only the filled positions are copied
-                old, length = cache["beam_kv"], cache["length"]
+            if sentence_index is not None:
+                old = cache["beam_kv"]
                 kept = old.new_empty(old.shape[:2] + (sentence_index.numel(),) + old.shape[3:])
                 torch.index_select(old[:, :, :, :, :length], 2, sentence_index, out=kept[:, :, :, :, :length])
                 cache["beam_kv"] = kept
-                cache["cross_kv"] = cache["cross_kv"].index_select(2, sentence_index)
-                cache["cross_mask"] = cache["cross_mask"][sentence_index]
-            return
-        # Only the filled prefix of the self-attention buffer is copied, not its spare
-        # capacity, into the spare buffer, which then becomes the cache.
-        length = cache["length"]
-        old, spare = cache["self_kv"], cache["self_kv_spare"]
-        if spare is None or spare.size(0) != index.numel():
-            spare = _new_buffer(cache, old, (index.numel(), *old.shape[1:]))
-        torch.index_select(old[:, :length], 0, index, out=spare[:, :length])
-        cache["self_kv"], cache["self_kv_spare"] = spare, old
+        else:  # gathered into the spare buffer, which then becomes the cache
+            old, spare = cache["self_kv"], cache["self_kv_spare"]
+            if spare is None or spare.size(0) != index.numel():
+                spare = _new_buffer(cache, old, (index.numel(), *old.shape[1:]))
+            torch.index_select(old[:, :length], 0, index, out=spare[:, :length])
+            cache["self_kv"], cache["self_kv_spare"] = spare, old
         if sentence_index is not None:
             cache["cross_kv"] = cache["cross_kv"].index_select(2, sentence_index)
             cache["cross_mask"] = cache["cross_mask"][sentence_index]
@@ -441,20 +439,13 @@ def history_mask(origin: Tensor, K: int, n: int, dtype: torch.dtype) -> Tensor:
     return mask.masked_fill_(on_history.logical_not(), float("-inf")).view(B, 1, K * n, T * K)
 
 
-def _ensure_beam_capacity(cache: dict, needed: int) -> None:
-    """Double the BeamCache buffers' capacity until `needed` positions fit."""
-    old_kv, old_origin = cache["beam_kv"], cache["beam_origin"]
-    capacity = old_kv.size(4)
-    if needed <= capacity:
-        return
-    while capacity < needed:
-        capacity *= 2
-    length = cache["length"]
-    kv = old_kv.new_empty(old_kv.shape[:4] + (capacity,) + old_kv.shape[5:])
-    kv[:, :, :, :, :length] = old_kv[:, :, :, :, :length]
-    origin = old_origin.new_empty(old_origin.size(0), capacity)
-    origin[:, :length] = old_origin[:, :length]
-    cache["beam_kv"], cache["beam_origin"] = kv, origin
+def _with_capacity(cache: dict, old: Tensor, dim: int, capacity: int) -> Tensor:
+    """A buffer like `old` with `capacity` positions along `dim`, holding old's filled ones."""
+    shape = list(old.shape)
+    shape[dim] = capacity
+    new = _new_buffer(cache, old, tuple(shape))
+    new.narrow(dim, 0, cache["length"]).copy_(old.narrow(dim, 0, cache["length"]))
+    return new
 
 
 def _new_buffer(cache: dict, like: Tensor, shape: tuple[int, ...]) -> Tensor:
