@@ -30,7 +30,9 @@ The decoding cache (a plain dict the caller creates empty) holds
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads;
   "zeroed":    bool, self-attention buffers are allocated as zeros (for fixed-shape
-               steps, see `decode_step_static`).
+               steps, see `decode_step_static`);
+  "buffers":   the model's BufferPool, where the self-attention buffers of a CPU
+               cache come from (reused from batch to batch).
 In "self_kv" the row comes first, so that `reorder_cache` is one row gather (on a GPU,
 several times faster than selecting along an inner dimension), and the position next,
 so that the filled prefix of a row is one contiguous block.
@@ -48,6 +50,7 @@ from torch import Tensor, nn
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.errors import NmtError
+from nmt_cli.models.buffer_pool import BufferPool
 from nmt_cli.models.layers import (
     BeamCache,
     DecoderLayer,
@@ -238,6 +241,7 @@ class Transformer(nn.Module):
         share_output = cfg.share_all_embeddings or cfg.share_decoder_input_output_embed
         self.encoder = TransformerEncoder(cfg, encoder_embed)
         self.decoder = TransformerDecoder(cfg, decoder_embed, share_output)
+        self.cache_buffers = BufferPool()  # see the "buffers" key of the decoding cache
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False,
                 src_padded: bool = True) -> Tensor:
@@ -335,10 +339,11 @@ class Transformer(nn.Module):
         cross_kv, cache["cross_mask"] = self.cross_attention_state(encoder_out)
         cache["cross_kv"] = cross_kv
         cache["zeroed"] = zeroed
+        cache["buffers"] = self.cache_buffers
         low_precision = cross_kv.dtype in (torch.bfloat16, torch.float16)
         if BEAM_CACHE_ON_CPU and cross_kv.device.type == "cpu" and not low_precision and not zeroed:
             L, _, B, H, _, Dh = cross_kv.shape
-            cache["beam_kv"] = cross_kv.new_empty((L, 2, B, H, INITIAL_CACHE_CAPACITY, rows // B, Dh))
+            cache["beam_kv"] = _new_buffer(cache, cross_kv, (L, 2, B, H, INITIAL_CACHE_CAPACITY, rows // B, Dh))
             cache["beam_origin"] = torch.empty(rows, INITIAL_CACHE_CAPACITY, dtype=torch.long, device=cross_kv.device)
             return
         cache["self_kv"] = _new_buffer(cache, cross_kv, self_kv_shape(cross_kv, rows, INITIAL_CACHE_CAPACITY))
@@ -388,7 +393,7 @@ class Transformer(nn.Module):
             cache["beam_origin"] = cache["beam_origin"].index_select(0, index)
             if sentence_index is not None:
                 old = cache["beam_kv"]
-                kept = old.new_empty(old.shape[:2] + (sentence_index.numel(),) + old.shape[3:])
+                kept = _new_buffer(cache, old, old.shape[:2] + (sentence_index.numel(),) + old.shape[3:])
                 torch.index_select(old[:, :, :, :, :length], 2, sentence_index, out=kept[:, :, :, :, :length])
                 cache["beam_kv"] = kept
         else:  # gathered into the spare buffer, which then becomes the cache
@@ -449,5 +454,10 @@ def _with_capacity(cache: dict, old: Tensor, dim: int, capacity: int) -> Tensor:
 
 
 def _new_buffer(cache: dict, like: Tensor, shape: tuple[int, ...]) -> Tensor:
-    """A self-attention buffer: zeros when the cache asks for them (see start_cache)."""
-    return like.new_zeros(shape) if cache["zeroed"] else like.new_empty(shape)
+    """A self-attention buffer like `like`: zeros when the cache asks for them (see
+    start_cache), else uninitialised, from the model's pool on a CPU."""
+    if cache["zeroed"]:
+        return like.new_zeros(shape)
+    if like.device.type == "cpu":
+        return cache["buffers"].empty(tuple(shape), like.dtype)
+    return like.new_empty(shape)

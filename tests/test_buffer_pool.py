@@ -1,0 +1,86 @@
+"""BufferPool: buffers come back only once the tensor they were handed out as is gone,
+and decoding from reused buffers gives a fresh model's results."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import torch
+from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
+
+from nmt_cli.models.buffer_pool import MAX_BUFFERS, BufferPool
+
+
+def test_a_buffer_is_handed_out_again_once_its_tensor_is_gone() -> None:
+    pool = BufferPool()
+    first = pool.empty((4, 8), torch.float32)
+    address = first.data_ptr()
+    second = pool.empty((4, 8), torch.float32)
+    assert second.data_ptr() != address  # `first` still holds its buffer
+    del first
+    third = pool.empty((2, 3, 5), torch.float32)  # smaller: fits in the freed buffer
+    assert third.data_ptr() == address and third.shape == (2, 3, 5) and third.is_contiguous()
+    assert pool.kept_bytes() == 2 * 32 * 4
+
+
+def test_the_smallest_free_buffer_that_fits_is_taken_and_dtypes_are_not_mixed() -> None:
+    pool = BufferPool()
+    big, small, double = pool.empty((100,), torch.float32), pool.empty((10,), torch.float32), pool.empty((10,), torch.float64)
+    addresses = {"big": big.data_ptr(), "small": small.data_ptr(), "double": double.data_ptr()}
+    del big, small, double
+    assert pool.empty((8,), torch.float32).data_ptr() == addresses["small"]
+    assert pool.empty((8,), torch.float64).data_ptr() == addresses["double"]
+    assert pool.empty((50,), torch.float32).data_ptr() == addresses["big"]
+
+
+def test_the_pool_keeps_at_most_max_buffers_and_drops_the_smallest_free_one() -> None:
+    pool = BufferPool()
+    held = [pool.empty((n,), torch.float32) for n in range(1, MAX_BUFFERS + 1)]
+    extra = pool.empty((1000,), torch.float32)  # all in use: served, not kept
+    assert pool.kept_bytes() == 4 * sum(range(1, MAX_BUFFERS + 1))
+    del extra
+    del held[0]  # the smallest (1 element) is now free
+    larger = pool.empty((500,), torch.float32)  # fits nowhere: replaces the free one
+    assert pool.kept_bytes() == 4 * (sum(range(2, MAX_BUFFERS + 1)) + 500)
+    assert larger.numel() == 500
+
+
+def test_copies_and_pickles_of_a_pool_start_empty() -> None:
+    pool = BufferPool()
+    held = pool.empty((16,), torch.float32)
+    assert copy.deepcopy(pool).kept_bytes() == 0
+    assert pickle.loads(pickle.dumps(pool)).kept_bytes() == 0
+    assert held.numel() == 16
+
+
+def decode(model, src: torch.Tensor, prev: torch.Tensor) -> list[torch.Tensor]:
+    encoder_out, cache = model.encode(src), {}
+    return [model.decode_step(prev[:, : t + 1], encoder_out, cache) for t in range(prev.size(1))]
+
+
+def test_batches_one_after_another_reuse_the_cache_memory_and_decode_as_a_fresh_model() -> None:
+    model, fresh = tiny_model(21), tiny_model(21)
+    src_a, prev_a = padded_batch(22, [6, 3, 5], SRC_V), padded_batch(23, [9, 9, 9], TGT_V, bos=EOS)
+    src_b, prev_b = padded_batch(24, [4, 7], SRC_V), padded_batch(25, [7, 7], TGT_V, bos=EOS)
+    decode(model, src_a, prev_a)
+    kept = model.cache_buffers.kept_bytes()
+    assert kept > 0  # the first batch's self-attention cache stays with the model
+    got = decode(model, src_b, prev_b)
+    assert model.cache_buffers.kept_bytes() == kept  # the second batch found room in it
+    for a, b in zip(got, decode(fresh, src_b, prev_b)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_two_searches_at_once_on_one_model_keep_their_own_caches() -> None:
+    model = tiny_model(26)
+    src_a, prev_a = padded_batch(27, [5, 5], SRC_V), padded_batch(28, [6, 6], TGT_V, bos=EOS)
+    src_b, prev_b = padded_batch(29, [3, 4, 2], SRC_V), padded_batch(30, [6, 6, 6], TGT_V, bos=EOS)
+    want_a, want_b = decode(model, src_a, prev_a), decode(model, src_b, prev_b)
+    out_a, cache_a = model.encode(src_a), {}
+    out_b, cache_b = model.encode(src_b), {}
+    for t in range(prev_a.size(1)):  # steps taken in turn
+        got_a = model.decode_step(prev_a[:, : t + 1], out_a, cache_a)
+        got_b = model.decode_step(prev_b[:, : t + 1], out_b, cache_b)
+        torch.testing.assert_close(got_a, want_a[t], atol=0, rtol=0)
+        torch.testing.assert_close(got_b, want_b[t], atol=0, rtol=0)
