@@ -21,6 +21,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
+from nmt_cli.config import DecodeConfig
+from nmt_cli.decode.search import generate
 from nmt_cli.errors import NmtError
 from nmt_cli.models import layers as layers_module
 from nmt_cli.models import registry as registry_module
@@ -153,6 +155,34 @@ def test_beam_cache_equals_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "beam_kv" in caches[True] and "self_kv" in caches[False]
     for a, b in zip(outs[True], outs[False]):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_done_sentences_on_a_cpu_leave_in_groups_with_the_hypotheses_of_leaving_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU model has the search keep done sentences, masked, until a quarter of the
+    batch is done (each departure copies the whole cache): fewer, larger departures,
+    the same hypotheses."""
+    model = tiny_model(15)
+    assert model.sentence_drop_fraction == transformer_module.CPU_SENTENCE_DROP_FRACTION == 0.25
+    lengths = list(range(2, 14))  # each sentence may run to its own length
+    src = padded_batch(16, lengths, SRC_V)
+    for row, n in enumerate(lengths):
+        src[row, n - 1] = EOS
+    cfg = DecodeConfig(beam=3, nbest=3, max_len_a=1.0, max_len_b=0)
+    rows_per_step: list[int] = []
+    real_step = model.decode_step
+    monkeypatch.setattr(model, "decode_step", lambda prev, *rest: rows_per_step.append(prev.size(0)) or real_step(prev, *rest))
+    got, rows = {}, {}
+    for fraction in (0.25, 0.0):
+        monkeypatch.setattr(transformer_module, "CPU_SENTENCE_DROP_FRACTION", fraction)
+        rows_per_step.clear()
+        got[fraction] = generate(model, src, cfg, max_target_positions=1024)
+        rows[fraction] = list(rows_per_step)
+    assert [[h.tokens for h in s] for s in got[0.25]] == [[h.tokens for h in s] for s in got[0.0]]
+    assert [h.score for s in got[0.25] for h in s] == pytest.approx([h.score for s in got[0.0] for h in s], abs=1e-9)
+    departures = {f: [(a, b) for a, b in zip(r, r[1:]) if b < a] for f, r in rows.items()}
+    assert 0 < len(departures[0.25]) < len(departures[0.0])
+    assert all(before - after >= before / 4 for before, after in departures[0.25])
 
 
 def test_decode_step_needs_the_same_number_of_rows_per_sentence() -> None:

@@ -284,7 +284,8 @@ def generate(
     lagged_sync = device.type == "cuda" if lagged_sync is None else lagged_sync
     pending: HostCopy | None = None  # last step's `done` flags, on their way to the host
     # Done sentences leave once this fraction of the batch is done (0: at once); until
-    # then they stay, masked. A decoder whose steps have fixed shapes asks for more.
+    # then they stay, masked. Decoders whose steps have fixed shapes, or whose cache a
+    # departure copies whole (a CPU's), ask for more.
     drop_fraction = getattr(model, "sentence_drop_fraction", 0.0)
     column = torch.ones(1, dtype=torch.long, device=device)  # step + 1, kept on the device
     for step in range(L - 1):
