@@ -272,7 +272,8 @@ class Transformer(nn.Module):
 
     @property
     def sentence_drop_fraction(self) -> float:
-        """How much of a batch must be done before its done sentences leave (see above)."""
+        """How much of a batch must be done before its done sentences leave (see
+        CPU_SENTENCE_DROP_FRACTION)."""
         on_cpu = self.decoder.embed_tokens.weight.device.type == "cpu"
         return CPU_SENTENCE_DROP_FRACTION if on_cpu else 0.0
 
