@@ -96,3 +96,15 @@ def test_without_kernels_nothing_changes(monkeypatch, dtype):
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     assert not pack_linears(model, dtype)
     assert [name for name, m in model.named_modules() if isinstance(m, nn.Linear)] == linears
+
+
+def test_probing_the_kernels_leaves_the_global_rng_as_it_was():
+    """Loading a model for translation must not shift the random numbers a caller draws next."""
+    from nmt_cli.models.int8 import int8_unavailable_reason
+
+    torch.manual_seed(5)
+    state = torch.get_rng_state()
+    packed_unavailable_reason(torch.float32)
+    packed_unavailable_reason(torch.bfloat16)
+    int8_unavailable_reason()
+    assert torch.equal(torch.get_rng_state(), state)

@@ -22,7 +22,10 @@ def replace_linears(model: nn.Module, make: LayerMaker) -> None:
 def probe_failure(make: LayerMaker, kernels: str) -> str | None:
     """Why make(linear) fails on a tiny input here, or None when it runs: the ops can
     exist where their kernels cannot run (a CPU that lacks the instructions)."""
-    probe = nn.utils.skip_init(nn.Linear, 4, 2)  # no initialisation: the global RNG stays untouched
+    # A forked RNG leaves the global one untouched. (nn.utils.skip_init would too, but
+    # it goes through the meta device, whose first use imports sympy: 0.27 s of startup.)
+    with torch.random.fork_rng(devices=[]):
+        probe = nn.Linear(4, 2)
     with torch.no_grad():
         probe.weight.fill_(1.0)
         probe.bias.zero_()
