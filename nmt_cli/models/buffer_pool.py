@@ -24,7 +24,11 @@ MAX_BUFFERS = 4
 
 
 class BufferPool:
-    """Flat CPU buffers, each handed out as one tensor at a time (see the module docstring)."""
+    """Flat CPU buffers, each handed out as one tensor at a time (see the module docstring).
+
+    Only the tensor handed out is tracked: a view taken from it must not outlive it
+    (the decoding cache takes such views for one step at a time).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
