@@ -20,6 +20,7 @@ from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, with_fixed_st
 from nmt_cli.decode.search import BeamState, generate
 from nmt_cli.errors import NmtError
 from nmt_cli.models import transformer as transformer_module
+from nmt_cli.models.packed import pack_linears, packed_unavailable_reason
 
 VARIANTS = [
     pytest.param({}, id="post-norm"),
@@ -186,6 +187,21 @@ def test_fixed_search_equals_plain_search(cfg, overrides) -> None:
         assert [h.score for h in sentence_got] == pytest.approx([h.score for h in sentence_want], abs=1e-9)
         for h_got, h_want in zip(sentence_got, sentence_want):
             assert h_got.positional_scores == pytest.approx(h_want.positional_scores, abs=1e-9)
+
+
+@pytest.mark.skipif(packed_unavailable_reason(torch.float32) is not None, reason="no packed float32 kernels here")
+def test_fixed_search_runs_a_model_with_packed_linear_layers() -> None:
+    """A CPU model as `nmt translate` loads it (linear layers packed for oneDNN, which
+    have no .weight): the fixed-shape search equals the plain one (decode benchmarks
+    run it with --cuda-graphs on a CPU)."""
+    model = eos_prone(tiny_model(12, dtype=torch.float32))
+    assert pack_linears(model, torch.float32)
+    src = source_batch([7, 3, 5], SRC_V)
+    cfg = DecodeConfig(beam=3, nbest=2, max_len_a=1.0, max_len_b=4)
+    want = generate(model, src, cfg, 1024)
+    got = generate_fixed(GraphedTransformer(model, use_graphs=False), src, cfg, 1024)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=1e-5)
 
 
 def test_fixed_search_steps_until_every_sentence_is_done(monkeypatch) -> None:

@@ -107,7 +107,7 @@ class FixedSearch:
         B, K = src_tokens.size(0), cfg.beam
         if B == 0:
             return []
-        V = model.decoder.output_projection.weight.size(0)
+        V = model.decoder.output_projection.out_features  # nn.Linear or a CPU inference layer
         if K > V:
             raise NmtError(f"--beam {K} is larger than the target vocabulary ({V} symbols)")
         src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
