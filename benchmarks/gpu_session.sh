@@ -12,7 +12,8 @@
 # budget. WHEELS=dir installs the wheels in dir first, for a machine without network
 # that lacks a dependency (sacremoses, say). SOURCE_TEXT=file gives the varied-length
 # decoding step real sentence lengths (newstest2014's test.en, say); without it they
-# are random.
+# are random. The exit status is 1 when a step failed, timed out or reported a system
+# as "failed:" (the other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out/gpu}
@@ -50,6 +51,7 @@ VARIED="--tgt-len-from-source"
 [ -n "${SOURCE_TEXT:-}" ] && VARIED="$VARIED --source-text $SOURCE_TEXT"
 # The decoding benchmark runs Hugging Face in a python of its own; this one has it or not.
 PEER_PYTHON=$(command -v python3)
+FAILED_STEPS=0
 
 # step NAME SECONDS COMMAND...: run COMMAND for at most SECONDS (less if the budget is
 # nearly spent), append its output to the log and its result lines to the summary.
@@ -68,6 +70,9 @@ step() {
     local rc=$?
     cat "$OUT/.step" >>"$LOG"
     printf '%-24s exit %3d after %3d s (limit %d s)\n' "$name" "$rc" $((SECONDS - start)) "$limit" >>"$SUMMARY"
+    if [ "$rc" -ne 0 ] || grep -q ' failed: ' "$OUT/.step"; then
+        FAILED_STEPS=$((FAILED_STEPS + 1))
+    fi
     grep -E '^(nmt|torch|hf|fairseq|ratio|#|[0-9]+ (passed|failed)|FAILED|ERROR|key mask|no mask|causal|per update)' "$OUT/.step" | sed 's/^/    /' >>"$SUMMARY"
 }
 
@@ -93,5 +98,6 @@ step decode_batch_$DECODE_LARGE_BATCH 60 python3 benchmarks/decode_throughput.py
 step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DECODE \
     --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON" --profile
 rm -f "$OUT/.step"
-echo "total: $SECONDS s of a $BUDGET s budget" >>"$SUMMARY"
+echo "total: $SECONDS s of a $BUDGET s budget; steps with a failure: $FAILED_STEPS" >>"$SUMMARY"
 cat "$SUMMARY"
+[ "$FAILED_STEPS" -eq 0 ]
