@@ -60,6 +60,19 @@ def test_packed_linear_equals_what_it_replaces(dtype, in_features, out_features,
 
 
 @pytest.mark.parametrize("dtype", BOTH_DTYPES)
+def test_relu_as_the_products_post_op_equals_relu_after_it(dtype):
+    torch.manual_seed(7)
+    linear = nn.Linear(64, 300)
+    nn.init.normal_(linear.bias)
+    packed = PackedLinear(linear, dtype)
+    x = torch.randn(2, 9, 64)
+    got = packed.forward_relu(x)
+    assert got.dtype == dtype and got.shape == (2, 9, 300)
+    assert torch.equal(got, torch.relu(packed(x)))
+    assert bool(got.eq(0).any()) and bool(got.gt(0).any())
+
+
+@pytest.mark.parametrize("dtype", BOTH_DTYPES)
 def test_packed_model_decodes_as_the_plain_one_and_keeps_tied_embeddings(dtype):
     model = tiny_model(3, dtype=torch.float32, share_all_embeddings=True, src_v=TGT_V)
     with torch.no_grad():  # biases start at zero; the packed ones must be used too

@@ -447,12 +447,12 @@ def test_a_sharp_temperature_searches_as_greedy(run_dir):
 
 def test_checkpoint_with_non_finite_weights_is_refused(run_dir, tmp_path, monkeypatch):
     state = torch.load(run_dir / "checkpoint_best.pt", weights_only=True)
-    state["model"]["decoder.layers.0.fc1.weight"][0, 0] = float("nan")
+    state["model"]["decoder.layers.0.fc2.weight"][0, 0] = float("nan")
     broken = tmp_path / "nan.pt"
     save_checkpoint(state, broken)
     result = nmt("--path", str(broken), "--data-bin", str(run_dir), *FAST, input="the dog\n")
     assert result.exit_code == 1 and result.stdout == ""
-    assert result.stderr == (f"error: {broken}: weight decoder.layers.0.fc1.weight holds NaN or infinite values "
+    assert result.stderr == (f"error: {broken}: weight decoder.layers.0.fc2.weight holds NaN or infinite values "
                              "(a diverged run or a damaged file)\n")
     # Were such scores met while decoding (fp16 overflow, say), the line would stay, empty, with a warning.
     from nmt_cli import checkpoint

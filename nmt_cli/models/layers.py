@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.errors import NmtError
+from nmt_cli.models.packed import PackedLinear
 
 
 def sinusoidal_table(num_positions: int, dim: int, padding_idx: int) -> Tensor:
@@ -365,7 +366,9 @@ class _Sublayers(nn.Module):
         x = residual + maybe_dropout(x, self.dropout, self.training)
         return x if self.normalize_before else norm(x)
 
-    def feed_forward(self, x: Tensor, fc1: nn.Linear, fc2: nn.Linear) -> Tensor:
+    def feed_forward(self, x: Tensor, fc1: nn.Module, fc2: nn.Module) -> Tensor:
+        if isinstance(fc1, PackedLinear):  # decoding on a CPU: the ReLU is the product's post-op
+            return fc2(fc1.forward_relu(x))
         hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training)  # (B, T, ffn_dim)
         return fc2(hidden)
 

@@ -66,6 +66,17 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
 
+    def forward_relu(self, x: Tensor) -> Tensor:
+        """relu(self(x)), the ReLU applied by the product as it writes its result: one pass
+        fewer over a feed-forward layer's widest activations (-2.5% of a small model's
+        translation on one core). Rounding to bf16 keeps signs, so bf16 gives the same.
+
+        One difference from torch.relu: oneDNN's ReLU turns NaN into 0. In a feed-forward
+        layer a NaN input still reaches the output through the residual connection; only
+        NaN made by this layer's own weights would vanish, and loading refuses weights
+        that are not finite (checkpoint.check_finite_weights)."""
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "relu", [], "")
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"dtype={self.dtype}")
