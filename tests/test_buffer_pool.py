@@ -84,3 +84,31 @@ def test_two_searches_at_once_on_one_model_keep_their_own_caches() -> None:
         got_b = model.decode_step(prev_b[:, : t + 1], out_b, cache_b)
         torch.testing.assert_close(got_a, want_a[t], atol=0, rtol=0)
         torch.testing.assert_close(got_b, want_b[t], atol=0, rtol=0)
+
+
+def test_buffers_first_used_under_inference_mode_serve_caches_outside_it_and_back() -> None:
+    """search.generate runs under torch.inference_mode; a cache written in place outside
+    it must not get an inference tensor from the pool (torch refuses such writes)."""
+    model = tiny_model(31)
+    src, prev = padded_batch(32, [5, 3, 4], SRC_V), padded_batch(33, [6, 6, 6], TGT_V, bos=EOS)
+    want = decode(model, src, prev)
+
+    def decode_with_a_sentence_leaving() -> list[torch.Tensor]:
+        encoder_out, cache, rows, got = model.encode(src), {}, prev, []
+        for t in range(rows.size(1)):
+            if t == 3:  # the cache moves into a new buffer
+                keep = torch.tensor([0, 2])
+                model.reorder_cache(cache, keep, sentence_index=keep)
+                encoder_out, rows = model.reorder_encoder_out(encoder_out, keep), rows[keep]
+            got.append(model.decode_step(rows[:, : t + 1], encoder_out, cache))
+        return got
+
+    with torch.inference_mode():
+        first = decode_with_a_sentence_leaving()
+    second = decode_with_a_sentence_leaving()
+    with torch.inference_mode():
+        third = decode_with_a_sentence_leaving()
+    for t, (a, b, c) in enumerate(zip(first, second, third)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+        torch.testing.assert_close(a, c, atol=0, rtol=0)
+        torch.testing.assert_close(a, want[t] if t < 3 else want[t][[0, 2]], atol=1e-12, rtol=0)

@@ -42,7 +42,9 @@ class BufferPool:
         on to a large buffer that the next step's growth would want.
         """
         numel = math.prod(shape)
-        with self._lock:
+        # Never inference tensors: a buffer first used under torch.inference_mode (as
+        # search.generate runs) may next back a cache written in place outside it.
+        with self._lock, torch.inference_mode(False):
             free = [i for i, (_, user) in enumerate(self._buffers) if user() is None]
             fitting = [i for i in free if self._buffers[i][0].dtype == dtype and self._buffers[i][0].numel() >= numel]
             if fitting:
