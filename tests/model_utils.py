@@ -28,3 +28,11 @@ def padded_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = No
         if bos is not None:
             tokens[row, 0] = bos
     return tokens
+
+
+def source_batch(lengths: list[int], vocab: int, seed: int = 21) -> torch.Tensor:
+    """padded_batch whose rows end in `</s>`, as sources reach the search."""
+    tokens = padded_batch(seed, lengths, vocab)
+    for row, length in enumerate(lengths):
+        tokens[row, length - 1] = EOS
+    return tokens

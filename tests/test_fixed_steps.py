@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
+from model_utils import EOS, SRC_V, TGT_V, padded_batch, source_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
@@ -39,13 +39,6 @@ def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
         norm.bias.copy_(bias)
         decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
     return model
-
-
-def source_batch(lengths: list[int], vocab: int) -> torch.Tensor:
-    tokens = padded_batch(21, lengths, vocab)
-    for row, length in enumerate(lengths):
-        tokens[row, length - 1] = EOS
-    return tokens
 
 
 @pytest.mark.parametrize("overrides", VARIANTS)

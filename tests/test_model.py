@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from model_utils import EOS, PAD, SRC_V, TGT_V, padded_batch, tiny_model
+from model_utils import EOS, PAD, SRC_V, TGT_V, padded_batch, source_batch, tiny_model
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -165,9 +165,7 @@ def test_done_sentences_on_a_cpu_leave_in_groups_with_the_hypotheses_of_leaving_
     model = tiny_model(15)
     assert model.sentence_drop_fraction == transformer_module.CPU_SENTENCE_DROP_FRACTION == 0.25
     lengths = list(range(2, 14))  # each sentence may run to its own length
-    src = padded_batch(16, lengths, SRC_V)
-    for row, n in enumerate(lengths):
-        src[row, n - 1] = EOS
+    src = source_batch(lengths, SRC_V, seed=16)
     cfg = DecodeConfig(beam=3, nbest=3, max_len_a=1.0, max_len_b=0)
     rows_per_step: list[int] = []
     real_step = model.decode_step

@@ -64,7 +64,7 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "none", [], "")
+        return self._product(x, "none")
 
     def forward_relu(self, x: Tensor) -> Tensor:
         """relu(self(x)), the ReLU applied by the product as it writes its result: one pass
@@ -75,7 +75,10 @@ class PackedLinear(nn.Module):
         layer a NaN input still reaches the output through the residual connection; only
         NaN made by this layer's own weights would vanish, and loading refuses weights
         that are not finite (checkpoint.check_finite_weights)."""
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, "relu", [], "")
+        return self._product(x, "relu")
+
+    def _product(self, x: Tensor, post_op: str) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, post_op, [], "")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -284,7 +284,7 @@ class Trainer:
     def _log_train(self) -> None:
         n = self.progress.num_updates
         totals = self.window.totals(self.dist)
-        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist, self.save_dir / LAST)
+        self._raise_if_loss_not_finite()
         now = time.monotonic()
         record = {
             "type": "train", "epoch": self.progress.epoch, "update": n,
@@ -308,13 +308,17 @@ class Trainer:
         self._write_record(record)
         self.window = Window.start(self.engine.device)
 
+    def _raise_if_loss_not_finite(self) -> None:
+        """Before each log, validation and save: a NaN loss stops the run there."""
+        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist, self.save_dir / LAST)
+
     def _write_record(self, record: dict[str, Any]) -> None:
         self.log.write(record)
         self.progress.log_records += 1
 
     def _validate(self) -> bool:
         """Validate, update best metric and patience; True when this is the best so far."""
-        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist, self.save_dir / LAST)
+        self._raise_if_loss_not_finite()
         metrics = evaluate(self.engine, self.valid_split, self.valid_batches)
         self.progress.validated_at = self.progress.num_updates
         value = metrics[self.cfg.best_checkpoint_metric]
@@ -331,7 +335,7 @@ class Trainer:
         return is_best
 
     def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None) -> None:
-        self.window.raise_if_not_finite(self.engine.scaler is not None, self.dist, self.save_dir / LAST)
+        self._raise_if_loss_not_finite()
         log_window = self.window.checkpoint_state(self.dist)
         if not self.dist.is_main:
             return
