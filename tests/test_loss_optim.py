@@ -75,7 +75,7 @@ def test_formula_used_under_torch_compile_matches_reference(monkeypatch) -> None
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # float32: computed in place
 def test_gradient_matches_autograd_of_direct_formula(monkeypatch, dtype: torch.dtype) -> None:
     # Small chunks so the chunked loops run several times.
-    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 23)
+    monkeypatch.setattr(loss_module, "CPU_CHUNK_ELEMENTS", 23)
     B, T, V, eps = 4, 6, 9, 0.1
     logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_(True)
     target = target_with_pads(B, T, V, seed=2)
@@ -105,7 +105,7 @@ def test_bf16_logits_keep_float32_loss() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_gradient_is_the_float32_one_rounded_once(monkeypatch, dtype: torch.dtype) -> None:
-    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", 50)  # several chunks
+    monkeypatch.setattr(loss_module, "CPU_CHUNK_ELEMENTS", 50)  # several chunks
     B, T, V = 3, 7, 40
     logits = (torch.randn(B, T, V, generator=torch.Generator().manual_seed(4)) * 4).to(dtype)
     target = target_with_pads(B, T, V, seed=5)
