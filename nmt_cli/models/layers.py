@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.errors import NmtError
+from nmt_cli.models.dropout import maybe_dropout
 from nmt_cli.models.packed import PackedLinear
 
 
@@ -336,11 +337,6 @@ class CrossAttention(nn.Module):
         (q,) = split_heads(self.q_proj(x).view(B, rows // B * n, D), 1, self.num_heads)  # (B, H, K*n, Dh)
         out = few_query_attention(q, k, v, attn_mask)
         return self.out_proj(merge_heads(out)).view(rows, n, D)
-
-
-def maybe_dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """F.dropout, skipped outright in eval mode (each skipped call saves time when decoding)."""
-    return F.dropout(x, p, True) if training and p > 0 else x
 
 
 def _linear(in_dim: int, out_dim: int) -> nn.Linear:

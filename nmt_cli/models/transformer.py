@@ -51,6 +51,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.errors import NmtError
 from nmt_cli.models.buffer_pool import BufferPool
+from nmt_cli.models.dropout import maybe_dropout
 from nmt_cli.models.layers import (
     BeamCache,
     DecoderLayer,
@@ -59,7 +60,6 @@ from nmt_cli.models.layers import (
     SinusoidalPositions,
     StaticPosition,
     key_padding_to_attn_mask,
-    maybe_dropout,
 )
 
 # First capacity of the self-attention cache; it doubles as decoding goes on.
