@@ -41,6 +41,7 @@ from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.host_memory import keep_freed_memory
+from nmt_cli.models import dropout as dropout_module
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
 from nmt_cli.train import loss as loss_module
 from nmt_cli.train.distributed import DistInfo
@@ -88,14 +89,19 @@ def timed(step: Callable[[int], None], steps: int, warmup: int, tokens_per_step:
 
 
 def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: bool = False,
-              precision: str | None = None) -> Result:
+              precision: str | None = None, torch_dropout: bool = False) -> Result:
     """nmt's training step; `chunked_loss`: with the loss of a CPU (row chunks) in place of
     its fused kernels, to measure what they gain; `precision`: nmt's own --precision in
-    place of the peers' (pure-bf16)."""
+    place of the peers' (pure-bf16); `torch_dropout`: with F.dropout in place of the
+    CPU's lane masks, to measure what they gain."""
     if chunked_loss:
         with unittest.mock.patch.object(loss_module, "fused_kernels", lambda logits: None):
             result = bench_nmt(args, model_cfg, device)
         return Result(result.name + " (chunked loss)", result.tokens_per_s, result.peak_mem_gib)
+    if torch_dropout:
+        with unittest.mock.patch.object(dropout_module, "draws_lane_masks", lambda x: False):
+            result = bench_nmt(args, model_cfg, device)
+        return Result(result.name + " (torch dropout)", result.tokens_per_s, result.peak_mem_gib)
     if device.type == "cpu":
         keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
     with tempfile.TemporaryDirectory() as tmp:
@@ -285,6 +291,8 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
             results[-1].peak_mem_gib = process_peak_rss_gib()
         if args.chunked_loss:
             results.append(bench_nmt(args, model_cfg, device, chunked_loss=True))
+        if args.torch_dropout:
+            results.append(bench_nmt(args, model_cfg, device, torch_dropout=True))
         if args.pure_bf16:
             results.append(bench_nmt(args, model_cfg, device, precision="pure-bf16"))
     if "torch" in systems:
@@ -332,6 +340,8 @@ def main() -> None:
                         help="print nmt's top operators (torch.profiler, stderr) and how busy the device is per update")
     parser.add_argument("--chunked-loss", action="store_true",
                         help="also measure nmt with the CPU's chunked loss instead of its fused GPU kernels")
+    parser.add_argument("--torch-dropout", action="store_true",
+                        help="also measure nmt with torch's F.dropout instead of its CPU dropout (masks from 16-bit lanes)")
     parser.add_argument("--pure-bf16", action="store_true",
                         help="also measure nmt with --precision pure-bf16 (the model in bf16, float32 master "
                         "weights); the peers stay under autocast")

@@ -33,12 +33,17 @@ def keep_mask(shape: torch.Size, drop_count: int) -> Tensor:
     return lanes >= drop_count - LANES // 2
 
 
+def draws_lane_masks(x: Tensor) -> bool:
+    """Whether dropout on x takes its mask from 16-bit lanes: on a CPU, outside torch.compile."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def maybe_dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """F.dropout(x, p, training), with a cheaper mask on a CPU; skipped outright in eval
     mode (each skipped call saves time when decoding)."""
     if not training or p <= 0:
         return x
-    if x.device.type != "cpu" or torch.compiler.is_compiling() or p >= 1:
+    if p >= 1 or not draws_lane_masks(x):
         return F.dropout(x, p, True)  # p >= 1: F.dropout's zeros, or its error
     drop_count = min(round(p * LANES), LANES - 1)
     # The mask in x's dtype with the scale in it: one product forward and one backward
