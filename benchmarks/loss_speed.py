@@ -13,30 +13,19 @@ is `CPU_CHUNK_ELEMENTS` of nmt_cli/train/loss.py.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 import unittest.mock
 
 import torch
 import torch.nn.functional as F
 
+from common import machine_line, ratio_line
+from device_profile import seconds_per_call
 from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.train import loss as loss_module
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 LABEL_SMOOTHING = 0.1
-
-
-def seconds(run, repeats: int) -> float:
-    """Median wall time of `repeats` calls of `run`, after one untimed call."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def nmt_loss(logits: torch.Tensor, target: torch.Tensor, chunk_elements: int) -> None:
@@ -66,22 +55,24 @@ def main() -> None:
     keep_freed_memory()  # as `nmt train` does on a CPU
     default = loss_module.CPU_CHUNK_ELEMENTS
     sizes = sorted({int(n) for n in args.chunk_elements.split(",")} | {default}, reverse=True)
+    print(machine_line())
     print(f"# loss forward + backward, {args.rows} x {args.vocab} logits, {args.threads} thread(s); "
           f"torch {torch.__version__}")
+    cpu = torch.device("cpu")
     generator = torch.Generator().manual_seed(0)
     target = torch.randint(PAD_ID + 1, args.vocab, (args.rows,), generator=generator)
     for name in args.precision.split(","):
         logits = torch.randn(args.rows, args.vocab, generator=generator).to(DTYPES[name])
-        peer = seconds(lambda: torch_loss(logits, target), args.repeats)
+        peer = seconds_per_call(lambda: torch_loss(logits, target), args.repeats, 1, cpu)
         print(f"{name}  {'torch F.cross_entropy':36s} {peer * 1e3:8.1f} ms")
         ours = {}
         for size in sizes:
-            ours[size] = seconds(lambda: nmt_loss(logits, target, size), args.repeats)
+            ours[size] = seconds_per_call(lambda: nmt_loss(logits, target, size), args.repeats, 1, cpu)
             mark = "  (default)" if size == default else ""
             label = f"nmt, chunks of {size:,} elements"
             print(f"{name}  {label:36s} {ours[size] * 1e3:8.1f} ms{mark}")
-        print(f"ratio {name}: nmt = {peer / ours[default]:.2f}x torch F.cross_entropy, "
-              f"{ours[max(sizes)] / ours[default]:.2f}x nmt with chunks of {max(sizes):,}")
+        print(f"# {name}: nmt's default chunks = {ours[max(sizes)] / ours[default]:.2f}x its chunks of {max(sizes):,}")
+        print(ratio_line(f"{name} ms", ours[default], {"torch F.cross_entropy": peer}, higher_is_better=False))
 
 
 if __name__ == "__main__":

@@ -88,20 +88,18 @@ def timed(step: Callable[[int], None], steps: int, warmup: int, tokens_per_step:
     return tokens_per_step * steps / elapsed, peak
 
 
-def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, chunked_loss: bool = False,
-              precision: str | None = None, torch_dropout: bool = False) -> Result:
-    """nmt's training step; `chunked_loss`: with the loss of a CPU (row chunks) in place of
-    its fused kernels, to measure what they gain; `precision`: nmt's own --precision in
-    place of the peers' (pure-bf16); `torch_dropout`: with F.dropout in place of the
-    CPU's lane masks, to measure what they gain."""
-    if chunked_loss:
-        with unittest.mock.patch.object(loss_module, "fused_kernels", lambda logits: None):
-            result = bench_nmt(args, model_cfg, device)
-        return Result(result.name + " (chunked loss)", result.tokens_per_s, result.peak_mem_gib)
-    if torch_dropout:
-        with unittest.mock.patch.object(dropout_module, "draws_lane_masks", lambda x: False):
-            result = bench_nmt(args, model_cfg, device)
-        return Result(result.name + " (torch dropout)", result.tokens_per_s, result.peak_mem_gib)
+def bench_nmt_without(args, model_cfg: ModelConfig, device: torch.device, label: str,
+                      module, name: str, replacement) -> Result:
+    """nmt's training step with `module.name` replaced, to measure what a part of nmt
+    gains by taking it out; the row is labelled `label`."""
+    with unittest.mock.patch.object(module, name, replacement):
+        result = bench_nmt(args, model_cfg, device)
+    return Result(f"{result.name} ({label})", result.tokens_per_s, result.peak_mem_gib)
+
+
+def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, precision: str | None = None) -> Result:
+    """nmt's training step; `precision`: nmt's own --precision in place of the peers'
+    (pure-bf16)."""
     if device.type == "cpu":
         keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
     with tempfile.TemporaryDirectory() as tmp:
@@ -289,10 +287,12 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
         results.append(bench_nmt(args, model_cfg, device))
         if device.type == "cpu":  # measured first in this process, so the process peak is nmt's
             results[-1].peak_mem_gib = process_peak_rss_gib()
-        if args.chunked_loss:
-            results.append(bench_nmt(args, model_cfg, device, chunked_loss=True))
-        if args.torch_dropout:
-            results.append(bench_nmt(args, model_cfg, device, torch_dropout=True))
+        if args.chunked_loss:  # the loss of a CPU (row chunks) in place of the fused GPU kernels
+            results.append(bench_nmt_without(args, model_cfg, device, "chunked loss",
+                                             loss_module, "fused_kernels", lambda logits: None))
+        if args.torch_dropout:  # F.dropout in place of the CPU's lane masks
+            results.append(bench_nmt_without(args, model_cfg, device, "torch dropout",
+                                             dropout_module, "draws_lane_masks", lambda x: False))
         if args.pure_bf16:
             results.append(bench_nmt(args, model_cfg, device, precision="pure-bf16"))
     if "torch" in systems:

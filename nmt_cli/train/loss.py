@@ -37,7 +37,7 @@ import torch
 # Rows per chunk are chosen so that one float32 chunk is about this many elements. On a
 # CPU, 1 MiB: each chunk's passes (the cast of bf16 logits, the softmax, the gradient)
 # then run in a core's L2 cache, where chunks of 256 MiB went to memory at every pass
-# (a bf16 loss and its gradient 3-3.5x faster, float32 1.25x: benchmarks/loss_speed.py).
+# (a bf16 loss and its gradient 3-3.5x faster, float32 1.25-1.35x: benchmarks/loss_speed.py).
 # On other devices, large chunks, for fewer kernel launches.
 CPU_CHUNK_ELEMENTS = 1 << 18
 CHUNK_ELEMENTS = 1 << 26
