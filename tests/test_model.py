@@ -157,6 +157,58 @@ def test_beam_cache_equals_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> Non
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("beam_layout", [True, False], ids=["beam-cache", "row-cache"])
+@pytest.mark.parametrize("prefix", [1, 3])
+def test_a_first_step_whose_beams_agree_runs_once_per_sentence(monkeypatch: pytest.MonkeyPatch, beam_layout: bool,
+                                                                prefix: int) -> None:
+    """When the K rows of every sentence start alike (as beams do), the first step runs
+    one row per sentence and copies it: the log-probs are still teacher forcing's,
+    through beams that then part, are reordered and leave."""
+    monkeypatch.setattr(transformer_module, "BEAM_CACHE_ON_CPU", beam_layout)
+    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
+    model = tiny_model(15)
+    K = 3
+    first = padded_batch(16, [prefix] * 4, TGT_V, bos=EOS).repeat_interleave(K, dim=0)  # (4K, prefix)
+    prev = torch.cat([first, padded_batch(17, [5] * (4 * K), TGT_V)], dim=1)  # rows part after the prefix
+    sentences = torch.arange(4).repeat_interleave(K)
+    decoded_rows = []
+    forward_cached = model.decoder.forward_cached
+    monkeypatch.setattr(model.decoder, "forward_cached",
+                        lambda tokens, cache: decoded_rows.append(tokens.size(0)) or forward_cached(tokens, cache))
+
+    encoder_out, cache, rows = model.encode(SRC), {}, torch.arange(4 * K)
+    got = {prefix - 1: (rows, model.decode_step(prev[:, :prefix], encoder_out, cache))}
+    steps = {prefix + 1: ([2, 2, 0, 3, 5, 4, 8, 6, 7, 11, 11, 9], None), prefix + 3: ([1, 0, 0, 9, 11, 10], [0, 3])}
+    for t in range(prefix, prev.size(1)):
+        if t in steps:
+            index, kept = (None if x is None else torch.tensor(x) for x in steps[t])
+            model.reorder_cache(cache, index, sentence_index=kept)
+            if kept is not None:
+                encoder_out = model.reorder_encoder_out(encoder_out, kept)
+            rows = rows[index]
+        got[t] = rows, model.decode_step(prev[rows, : t + 1], encoder_out, cache)
+    assert decoded_rows[0] == 4 and decoded_rows[1] == 4 * K  # one row per sentence, then every row
+    assert ("beam_kv" in cache) == beam_layout
+
+    for t, (rows, log_probs) in got.items():  # each row of a step continues the history of prev[rows]
+        want = torch.log_softmax(model(SRC[sentences[rows]], prev[rows, : t + 1]), dim=-1)[:, t]
+        torch.testing.assert_close(log_probs.double(), want, atol=1e-5, rtol=0)
+
+
+def test_rows_that_differ_within_a_sentence_are_all_decoded(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model(18)
+    prev = torch.full((8, 1), EOS)
+    prev[5, 0] = 7  # one row of the third sentence differs
+    decoded_rows = []
+    forward_cached = model.decoder.forward_cached
+    monkeypatch.setattr(model.decoder, "forward_cached",
+                        lambda tokens, cache: decoded_rows.append(tokens.size(0)) or forward_cached(tokens, cache))
+    got = model.decode_step(prev, model.encode(SRC), {})
+    assert decoded_rows == [8]
+    want = torch.log_softmax(model(SRC.repeat_interleave(2, dim=0), prev), dim=-1)[:, 0]
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+
+
 def test_done_sentences_on_a_cpu_leave_in_groups_with_the_hypotheses_of_leaving_at_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU model has the search keep done sentences, masked, until a quarter of the
@@ -187,6 +239,8 @@ def test_decode_step_needs_the_same_number_of_rows_per_sentence() -> None:
     model = tiny_model(9)
     with pytest.raises(ValueError, match="5 target rows for 4 sentences"):
         model.decode_step(PREV[[0, 1, 2, 3, 3], :1], model.encode(SRC), {})
+    with pytest.raises(ValueError, match="9 target rows for 4 sentences"):  # rows alike, but not K each
+        model.decode_step(torch.full((9, 1), EOS), model.encode(SRC), {})
 
 
 @pytest.mark.parametrize("queries", [1, 4])

@@ -290,7 +290,22 @@ class Transformer(nn.Module):
         the first call only; afterwards the cache holds what the decoder needs.
         """
         if not cache:
+            on_cpu = prev_tokens.device.type == "cpu"
+            beams = _alike_rows_per_sentence(prev_tokens, encoder_out.out.size(0)) if on_cpu else 1
+            if beams > 1:
+                # A search's beams start alike, so a sentence's rows would all compute the
+                # same first step: run one per sentence and copy it (-2.5 to -4% of a
+                # small model's translation on a CPU). Not on a GPU, where the check would
+                # make the host wait for the encoder.
+                self.start_cache(encoder_out, encoder_out.out.size(0), cache)
+                lprobs = self._advance(prev_tokens[::beams], cache)
+                _repeat_cache_rows(cache, beams)
+                return lprobs.repeat_interleave(beams, dim=0)
             self.start_cache(encoder_out, prev_tokens.size(0), cache)
+        return self._advance(prev_tokens, cache)
+
+    def _advance(self, prev_tokens: Tensor, cache: dict) -> Tensor:
+        """decode_step on a started cache."""
         start = cache["length"]
         new_tokens = prev_tokens[:, start:]  # (B*K, n)
         if new_tokens.size(1) == 0:
@@ -428,6 +443,34 @@ def self_kv_shape(cross_kv: Tensor, rows: int, capacity: int) -> tuple[int, ...]
     """The shape of a "self_kv" buffer that goes with `cross_kv` (L, 2, B, H, S, Dh)."""
     L, _, _, H, _, Dh = cross_kv.shape
     return (rows, capacity, L, 2, H, Dh)
+
+
+def _alike_rows_per_sentence(tokens: Tensor, sentences: int) -> int:
+    """K when tokens (B*K, n) hold K equal rows for each of the B sentences, else 1."""
+    K, rest = divmod(tokens.size(0), sentences)
+    if K < 2 or rest:
+        return 1
+    per_sentence = tokens.view(sentences, K, tokens.size(1))
+    return K if bool(per_sentence.eq(per_sentence[:, :1]).all()) else 1
+
+
+def _repeat_cache_rows(cache: dict, K: int) -> None:
+    """A cache of one row per sentence -> K equal rows per sentence, in place."""
+    length = cache["length"]
+    if "beam_kv" in cache:
+        old = cache["beam_kv"]  # (L, 2, B, H, capacity, 1, Dh)
+        new = _new_buffer(cache, old, old.shape[:5] + (K,) + old.shape[6:])
+        # Each slot gets the keys and values: slots off a row's history are masked, but
+        # must not hold garbage that could be NaN.
+        new[:, :, :, :, :length].copy_(old[:, :, :, :, :length].expand(-1, -1, -1, -1, -1, K, -1))
+        cache["beam_kv"] = new
+        cache["beam_origin"] = cache["beam_origin"].repeat_interleave(K, dim=0)
+    else:
+        old = cache["self_kv"]  # (B, capacity, L, 2, H, Dh)
+        new = _new_buffer(cache, old, (old.size(0) * K, *old.shape[1:]))
+        rows = torch.arange(old.size(0), device=old.device).repeat_interleave(K)
+        torch.index_select(old[:, :length], 0, rows, out=new[:, :length])
+        cache["self_kv"], cache["self_kv_spare"] = new, None
 
 
 def _self_attention_caches(cache: dict, start: int, n: int, layers: int) -> list[Tensor | BeamCache]:
