@@ -109,7 +109,8 @@ def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "ch
     """
     cfg = ModelConfig.from_dict(state["model_config"])
     try:
-        model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]))
+        # Every weight is loaded below (check_state_dict_fits makes sure): no random init.
+        model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]), initialise=False)
     except NmtError as error:
         raise NmtError(f"{source}: {error}") from None
     weights = state["model"]

@@ -63,9 +63,10 @@ def assert_one_line(error: NmtError, *fragments: str) -> None:
         assert fragment in message
 
 
-def test_save_load_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overrides", [{"normalize_before": True}, {"learned_pos": True}])
+def test_save_load_round_trip_gives_identical_outputs(tmp_path: Path, overrides: dict) -> None:
     torch.manual_seed(1)
-    cfg = resolve_config("transformer_tiny", {"normalize_before": True})
+    cfg = resolve_config("transformer_tiny", overrides)
     model = build_model(cfg, len(SRC_DICT), len(TGT_DICT)).eval()
     state = {**make_state(), "model_config": cfg.to_dict(), "model": model_state_for_checkpoint(model)}
     path = tmp_path / "run" / "checkpoint_last.pt"
@@ -77,6 +78,18 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path: Path) -> None:
     with torch.no_grad():
         assert torch.equal(restored(src, prev), model(src, prev))
     assert [p.name for p in path.parent.iterdir()] == ["checkpoint_last.pt"]  # no temporary files left
+
+
+def test_a_model_built_for_loading_skips_random_init_and_leaves_it_working() -> None:
+    cfg = resolve_config("transformer_tiny", {"learned_pos": True})
+    torch.manual_seed(3)
+    before = build_model(cfg, len(SRC_DICT), len(TGT_DICT)).state_dict()
+    rng = torch.get_rng_state()
+    build_model(cfg, len(SRC_DICT), len(TGT_DICT), initialise=False)
+    assert torch.equal(torch.get_rng_state(), rng)  # no random numbers drawn
+    torch.manual_seed(3)
+    after = build_model(cfg, len(SRC_DICT), len(TGT_DICT)).state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_shared_embeddings_stay_tied_after_loading(tmp_path: Path) -> None:

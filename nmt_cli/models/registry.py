@@ -6,10 +6,12 @@ from the `--encoder-layers`, `--dropout`, ... flags of `nmt train` and `nmt info
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
@@ -61,14 +63,41 @@ def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
     return dataclasses.replace(ARCHITECTURES[arch], **overrides)
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialise: bool = True) -> Transformer:
     """A freshly initialised Transformer for the given vocabulary sizes.
+
+    `initialise=False` leaves the weights as allocated, uninitialised memory, for a
+    caller that loads every one of them next: the random initialisation it skips takes
+    ~1.5 s for transformer_big on a CPU, most of the time to load it for translation.
 
     NmtError, before anything is allocated, for a model too big for this machine's memory
     (every command builds its models here: train, translate, info, import-fairseq).
     """
     check_model_fits(cfg, src_vocab_size, tgt_vocab_size)
-    return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+    if initialise:
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+    with _init_functions_skipped():
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+
+
+@contextlib.contextmanager
+def _init_functions_skipped() -> Iterator[None]:
+    """Within it, torch.nn.init's in-place initialisers (which the model's layers and
+    torch's own call as they are built) leave their tensor as it is. Not thread-safe:
+    it swaps module attributes of torch.nn.init for its duration."""
+    names = [name for name in vars(nn.init) if name.endswith("_") and not name.startswith("_")]
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, _leave_as_is)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
+def _leave_as_is(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    return tensor
 
 
 def count_parameters(model: nn.Module) -> int:
