@@ -229,7 +229,8 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
         if model_cfg.share_all_embeddings and src_dict != tgt_dict:
             raise NmtError(f"{cfg.checkpoint} shares all embeddings but {src_dict_path} and {tgt_dict_path} differ")
         weights = convert_state_dict(loaded.weights, model_cfg, cfg.checkpoint)
-        model = build_model(model_cfg, len(src_dict), len(tgt_dict))
+        # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
+        model = build_model(model_cfg, len(src_dict), len(tgt_dict), initialise=False)
         check_state_dict_fits(model, weights, cfg.checkpoint)
         model.load_state_dict(weights)
     copies = {src_dict_path.name: src_dict_path, tgt_dict_path.name: tgt_dict_path}
