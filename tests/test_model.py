@@ -141,20 +141,37 @@ def test_beam_cache_equals_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> Non
     caches, outs = {}, {}
     for beam_layout in (True, False):
         monkeypatch.setattr(transformer_module, "BEAM_CACHE_ON_CPU", beam_layout)
-        encoder_out, cache, rows, got = model.encode(SRC), {}, prev, []
-        got.append(model.decode_step(rows[:, :3], encoder_out, cache))  # a 3-token prefix
-        for t in range(3, rows.size(1)):
-            if t in steps:
-                index, sentences = (None if x is None else torch.tensor(x) for x in steps[t])
-                model.reorder_cache(cache, index, sentence_index=sentences)
-                if sentences is not None:
-                    encoder_out = model.reorder_encoder_out(encoder_out, sentences)
-                rows = rows[index]
-            got.append(model.decode_step(rows[:, : t + 1], encoder_out, cache))
-        caches[beam_layout], outs[beam_layout] = cache, got
+        caches[beam_layout] = {}
+        outs[beam_layout] = decode_with_reorders(model, prev, 3, steps, caches[beam_layout])  # a 3-token prefix
     assert "beam_kv" in caches[True] and "self_kv" in caches[False]
-    for a, b in zip(outs[True], outs[False]):
+    for (_, a), (_, b) in zip(outs[True].values(), outs[False].values()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def decode_with_reorders(model: nn.Module, prev: torch.Tensor, prefix: int, steps: dict, cache: dict) -> dict:
+    """Decode prev (rows of SRC's sentences, K each) from a `prefix`-token first step on,
+    reordering before step t as steps[t] = (row index, kept sentences or None) says.
+    -> {t: (rows of prev that the step's rows continue, log-probs)}."""
+    encoder_out, rows = model.encode(SRC), torch.arange(prev.size(0))
+    got = {prefix - 1: (rows, model.decode_step(prev[:, :prefix], encoder_out, cache))}
+    for t in range(prefix, prev.size(1)):
+        if t in steps:
+            index, kept = (None if x is None else torch.tensor(x) for x in steps[t])
+            model.reorder_cache(cache, index, sentence_index=kept)
+            if kept is not None:
+                encoder_out = model.reorder_encoder_out(encoder_out, kept)
+            rows = rows[index]
+        got[t] = rows, model.decode_step(prev[rows, : t + 1], encoder_out, cache)
+    return got
+
+
+def count_decoded_rows(monkeypatch: pytest.MonkeyPatch, model: nn.Module) -> list[int]:
+    """The number of rows of each call of the model's decoder on cached steps, as they come."""
+    rows: list[int] = []
+    forward_cached = model.decoder.forward_cached
+    monkeypatch.setattr(model.decoder, "forward_cached",
+                        lambda tokens, cache: rows.append(tokens.size(0)) or forward_cached(tokens, cache))
+    return rows
 
 
 @pytest.mark.parametrize("beam_layout", [True, False], ids=["beam-cache", "row-cache"])
@@ -171,22 +188,10 @@ def test_a_first_step_whose_beams_agree_runs_once_per_sentence(monkeypatch: pyte
     first = padded_batch(16, [prefix] * 4, TGT_V, bos=EOS).repeat_interleave(K, dim=0)  # (4K, prefix)
     prev = torch.cat([first, padded_batch(17, [5] * (4 * K), TGT_V)], dim=1)  # rows part after the prefix
     sentences = torch.arange(4).repeat_interleave(K)
-    decoded_rows = []
-    forward_cached = model.decoder.forward_cached
-    monkeypatch.setattr(model.decoder, "forward_cached",
-                        lambda tokens, cache: decoded_rows.append(tokens.size(0)) or forward_cached(tokens, cache))
-
-    encoder_out, cache, rows = model.encode(SRC), {}, torch.arange(4 * K)
-    got = {prefix - 1: (rows, model.decode_step(prev[:, :prefix], encoder_out, cache))}
+    decoded_rows = count_decoded_rows(monkeypatch, model)
     steps = {prefix + 1: ([2, 2, 0, 3, 5, 4, 8, 6, 7, 11, 11, 9], None), prefix + 3: ([1, 0, 0, 9, 11, 10], [0, 3])}
-    for t in range(prefix, prev.size(1)):
-        if t in steps:
-            index, kept = (None if x is None else torch.tensor(x) for x in steps[t])
-            model.reorder_cache(cache, index, sentence_index=kept)
-            if kept is not None:
-                encoder_out = model.reorder_encoder_out(encoder_out, kept)
-            rows = rows[index]
-        got[t] = rows, model.decode_step(prev[rows, : t + 1], encoder_out, cache)
+    cache: dict = {}
+    got = decode_with_reorders(model, prev, prefix, steps, cache)
     assert decoded_rows[0] == 4 and decoded_rows[1] == 4 * K  # one row per sentence, then every row
     assert ("beam_kv" in cache) == beam_layout
 
@@ -199,10 +204,7 @@ def test_rows_that_differ_within_a_sentence_are_all_decoded(monkeypatch: pytest.
     model = tiny_model(18)
     prev = torch.full((8, 1), EOS)
     prev[5, 0] = 7  # one row of the third sentence differs
-    decoded_rows = []
-    forward_cached = model.decoder.forward_cached
-    monkeypatch.setattr(model.decoder, "forward_cached",
-                        lambda tokens, cache: decoded_rows.append(tokens.size(0)) or forward_cached(tokens, cache))
+    decoded_rows = count_decoded_rows(monkeypatch, model)
     got = model.decode_step(prev, model.encode(SRC), {})
     assert decoded_rows == [8]
     want = torch.log_softmax(model(SRC.repeat_interleave(2, dim=0), prev), dim=-1)[:, 0]
