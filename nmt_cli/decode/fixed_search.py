@@ -47,12 +47,12 @@ from nmt_cli.decode.search import (
     advance_beams,
     beam_candidates,
     best_hypotheses,
+    check_beam_fits,
     finish_hypotheses,
     force_eos,
     max_output_lengths,
     penalize,
 )
-from nmt_cli.errors import NmtError
 from nmt_cli.models import transformer as transformer_module
 from nmt_cli.models.transformer import Transformer, self_kv_shape
 
@@ -107,9 +107,7 @@ class FixedSearch:
         B, K = src_tokens.size(0), cfg.beam
         if B == 0:
             return []
-        V = model.decoder.output_projection.out_features  # nn.Linear or a CPU inference layer
-        if K > V:
-            raise NmtError(f"--beam {K} is larger than the target vocabulary ({V} symbols)")
+        check_beam_fits(K, model.decoder.output_projection.out_features)  # nn.Linear or a CPU inference layer
         src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
         max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
         L = max(max_len) + 2

@@ -70,6 +70,13 @@ class Hypothesis:
     positional_scores: list[float]  # log-prob of each token (same length as tokens)
 
 
+def check_beam_fits(beam: int, vocab_size: int) -> None:
+    """NmtError when a beam is wider than the target vocabulary (there are not K distinct
+    continuations to keep)."""
+    if beam > vocab_size:
+        raise NmtError(f"--beam {beam} is larger than the target vocabulary ({vocab_size} symbols)")
+
+
 def max_output_lengths(src_lengths: list[int], cfg: DecodeConfig, max_target_positions: int) -> list[int]:
     """Per sentence, the most tokens allowed before the forced `</s>`.
 
@@ -292,8 +299,8 @@ def generate(
         B = state.cum_scores.size(0)
         lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
         V = lprobs.size(1)
-        if step == 0 and K > V:
-            raise NmtError(f"--beam {K} is larger than the target vocabulary ({V} symbols)")
+        if step == 0:
+            check_beam_fits(K, V)
         at_max = state.max_len.le(step).repeat_interleave(K) if step >= shortest_max_len else None  # (B*K,)
         lprobs = adjust_lprobs(lprobs, state.tokens[:, 1 : step + 1], step, at_max, cfg)
         lprobs3 = lprobs.view(B, K, V)

@@ -22,7 +22,7 @@ from nmt_cli.decode.fixed_search import supports as supports_fixed_search
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
-from nmt_cli.decode.search import Hypothesis, generate
+from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
 from nmt_cli.models import packed
 
@@ -89,9 +89,7 @@ class Translator:
                 warn(f"warning: --precision bf16: {reason}, so it runs under autocast (on CPUs without bf16 "
                      "instructions, slower than fp32)")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device, cfg.precision)
-        if cfg.decode.beam > len(self.models.tgt_dict):  # before search allocates beam-sized buffers
-            raise NmtError(f"--beam {cfg.decode.beam} is larger than the target vocabulary "
-                           f"({len(self.models.tgt_dict)} symbols)")
+        check_beam_fits(cfg.decode.beam, len(self.models.tgt_dict))  # before search allocates beam-sized buffers
         self.decoder = self.models.decoder
         # With CUDA graphs (by default on a GPU, where they decode several times faster),
         # beam search on one model is one graph per step; otherwise (ensembles, sampling,
