@@ -299,7 +299,7 @@ class Transformer(nn.Module):
                 # make the host wait for the encoder.
                 self.start_cache(encoder_out, encoder_out.out.size(0), cache)
                 lprobs = self._advance(prev_tokens[::beams], cache)
-                _repeat_cache_rows(cache, beams)
+                self._repeat_rows(cache, beams)
                 return lprobs.repeat_interleave(beams, dim=0)
             self.start_cache(encoder_out, prev_tokens.size(0), cache)
         return self._advance(prev_tokens, cache)
@@ -434,6 +434,19 @@ class Transformer(nn.Module):
             cache["cross_kv"] = cache["cross_kv"].index_select(2, sentence_index)
             cache["cross_mask"] = cache["cross_mask"][sentence_index]
 
+    def _repeat_rows(self, cache: dict, K: int) -> None:
+        """A cache of one row per sentence -> K equal rows per sentence: the reorder that
+        repeats each row K times, once "beam_kv" has K slots per position."""
+        if "beam_kv" in cache:  # each slot gets the one row's keys and values
+            old = cache["beam_kv"]  # (L, 2, B, H, capacity, 1, Dh)
+            new = _new_buffer(cache, old, old.shape[:5] + (K,) + old.shape[6:])
+            # Slots off a row's history are masked, but must not hold garbage that could be NaN.
+            length = cache["length"]
+            new[:, :, :, :, :length].copy_(old[:, :, :, :, :length].expand(-1, -1, -1, -1, -1, K, -1))
+            cache["beam_kv"] = new
+        sentences = cache["cross_kv"].size(2)
+        self.reorder_cache(cache, torch.arange(sentences, device=cache["cross_kv"].device).repeat_interleave(K))
+
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
         """Keep sentences `index` (B',) of the encoder output, in that order."""
         return EncoderOut(out=encoder_out.out[index], padding_mask=encoder_out.padding_mask[index])
@@ -452,25 +465,6 @@ def _alike_rows_per_sentence(tokens: Tensor, sentences: int) -> int:
         return 1
     per_sentence = tokens.view(sentences, K, tokens.size(1))
     return K if bool(per_sentence.eq(per_sentence[:, :1]).all()) else 1
-
-
-def _repeat_cache_rows(cache: dict, K: int) -> None:
-    """A cache of one row per sentence -> K equal rows per sentence, in place."""
-    length = cache["length"]
-    if "beam_kv" in cache:
-        old = cache["beam_kv"]  # (L, 2, B, H, capacity, 1, Dh)
-        new = _new_buffer(cache, old, old.shape[:5] + (K,) + old.shape[6:])
-        # Each slot gets the keys and values: slots off a row's history are masked, but
-        # must not hold garbage that could be NaN.
-        new[:, :, :, :, :length].copy_(old[:, :, :, :, :length].expand(-1, -1, -1, -1, -1, K, -1))
-        cache["beam_kv"] = new
-        cache["beam_origin"] = cache["beam_origin"].repeat_interleave(K, dim=0)
-    else:
-        old = cache["self_kv"]  # (B, capacity, L, 2, H, Dh)
-        new = _new_buffer(cache, old, (old.size(0) * K, *old.shape[1:]))
-        rows = torch.arange(old.size(0), device=old.device).repeat_interleave(K)
-        torch.index_select(old[:, :length], 0, rows, out=new[:, :length])
-        cache["self_kv"], cache["self_kv_spare"] = new, None
 
 
 def _self_attention_caches(cache: dict, start: int, n: int, layers: int) -> list[Tensor | BeamCache]:
