@@ -245,12 +245,16 @@ def test_decode_step_needs_the_same_number_of_rows_per_sentence() -> None:
         model.decode_step(torch.full((9, 1), EOS), model.encode(SRC), {})
 
 
+@pytest.mark.parametrize("keys_transposed", [False, True])
 @pytest.mark.parametrize("queries", [1, 4])
-def test_few_query_attention_matches_torch(queries: int) -> None:
+def test_few_query_attention_matches_torch(queries: int, keys_transposed: bool) -> None:
     torch.manual_seed(15)
     B, H, S, Dh = 3, 2, 7, 8
     q = torch.randn(B, H, queries, Dh, dtype=torch.float64)
     k, v = torch.randn(2, B, H, S, Dh, dtype=torch.float64)
+    if keys_transposed:  # as the decoding cache's cross-attention keys on a CPU
+        k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+        assert k.stride(-2) == 1
     mask = torch.zeros(B, 1, 1, S, dtype=torch.float64)
     mask[0, ..., 4:] = float("-inf")
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

@@ -154,7 +154,9 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
     On a CPU, scaled_dot_product_attention's kernel works through B * H tiny blocks one
     by one; two batched matrix products do the same work about three times faster when
     n is small. Elsewhere its fused kernel is the faster one. k and v must allow a
-    (B * H, S, Dh) view (the decoding cache lays them out so).
+    (B * H, S, Dh) view (the decoding cache lays them out so); k may be a transposed
+    view of (B, H, Dh, S) keys, which makes the scores' product read its keys
+    contiguously.
     """
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)

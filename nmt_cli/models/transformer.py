@@ -27,6 +27,11 @@ The decoding cache (a plain dict the caller creates empty) holds
   "cross_kv":  (L, 2, B, H, S, Dh) cross-attention keys/values per sentence, computed
                once from the encoder output at the first step; each layer's keys and
                values are contiguous (B, H, S, Dh) blocks;
+  "cross_keys_t": on a CPU, the keys of "cross_kv" once more, transposed: (L, B, H,
+               Dh, S). A CPU's batched products read keys laid out so in about half
+               the time (one core, 256 products of 4 x 64 by 64 x 53: 0.18 ms against
+               0.35); the copy is made once per batch. "cross_kv"'s own keys are then
+               left unread;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads;
   "zeroed":    bool, self-attention buffers are allocated as zeros (for fixed-shape
@@ -201,6 +206,8 @@ class TransformerDecoder(nn.Module):
         self_caches = _self_attention_caches(cache, start, new_tokens.size(1), len(self.layers))
         for i, layer in enumerate(self.layers):
             cross_k, cross_v = cache["cross_kv"][i]  # (B, H, S, Dh) each
+            if "cross_keys_t" in cache:  # the same keys, in the layout a CPU reads faster
+                cross_k = cache["cross_keys_t"][i].transpose(-1, -2)
             x = layer.forward_cached(x, cross_k, cross_v, cache["cross_mask"], self_caches[i], start)
         return x if self.layer_norm is None else self.layer_norm(x)
 
@@ -366,6 +373,8 @@ class Transformer(nn.Module):
         cache["length"] = 0
         cross_kv, cache["cross_mask"] = self.cross_attention_state(encoder_out)
         cache["cross_kv"] = cross_kv
+        if cross_kv.device.type == "cpu":
+            cache["cross_keys_t"] = cross_kv[:, 0].transpose(-1, -2).contiguous()
         cache["zeroed"] = zeroed
         cache["buffers"] = self.cache_buffers
         low_precision = cross_kv.dtype in (torch.bfloat16, torch.float16)
@@ -432,6 +441,8 @@ class Transformer(nn.Module):
             cache["self_kv"], cache["self_kv_spare"] = spare, old
         if sentence_index is not None:
             cache["cross_kv"] = cache["cross_kv"].index_select(2, sentence_index)
+            if "cross_keys_t" in cache:
+                cache["cross_keys_t"] = cache["cross_keys_t"].index_select(1, sentence_index)
             cache["cross_mask"] = cache["cross_mask"][sentence_index]
 
     def _repeat_rows(self, cache: dict, K: int) -> None:
