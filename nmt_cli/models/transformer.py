@@ -389,8 +389,10 @@ class Transformer(nn.Module):
     def cross_attention_state(self, encoder_out: EncoderOut) -> tuple[Tensor, Tensor]:
         """The cache's "cross_kv" and "cross_mask" for `encoder_out` (see the module docstring)."""
         layers = self.decoder.layers
-        # project_kv gives keys and values (B, H, S, Dh) per layer; stacked as (L, 2, B, H, S, Dh).
-        cross_kv = torch.stack([torch.stack(layer.encoder_attn.project_kv(encoder_out.out)) for layer in layers])
+        # project_kv gives keys and values (B, H, S, Dh) per layer; stacked as (L, 2, B, H, S, Dh)
+        # in one copy.
+        keys_values = [part for layer in layers for part in layer.encoder_attn.project_kv(encoder_out.out)]
+        cross_kv = torch.stack(keys_values).unflatten(0, (len(layers), 2))
         # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)
         cross_mask = torch.zeros(allowed.shape, dtype=cross_kv.dtype, device=cross_kv.device).masked_fill(
