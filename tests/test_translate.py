@@ -346,6 +346,17 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     assert result.stderr.strip() == f"error: checkpoint not found: {tmp_path / 'nope.pt'}"
 
 
+def test_a_missing_input_is_reported_before_the_checkpoint_is_read(tmp_path):
+    broken = tmp_path / "broken.pt"
+    broken.write_bytes(b"not a checkpoint")
+    missing = tmp_path / "missing.en"
+    result = nmt("--path", str(broken), "--device", "cpu", "-i", str(missing), "-o", str(tmp_path / "out.de"))
+    assert result.exit_code == 1
+    assert len(result.stderr.strip().splitlines()) == 1 and str(missing) in result.stderr
+    assert str(broken) not in result.stderr
+    assert not (tmp_path / "out.de").exists()
+
+
 def test_dictionary_mismatch_with_data_bin_is_a_clear_error(run_dir, tmp_path):
     other = tmp_path / "other-bin"
     shutil.copytree(run_dir, other, ignore=shutil.ignore_patterns("*.pt"))

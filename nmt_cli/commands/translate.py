@@ -147,12 +147,13 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     if torch.device(cfg.device).type == "cpu":
         keep_freed_memory()
     torch.manual_seed(cfg.decode.seed)
-    translator = Translator(cfg, warn=lambda message: click.echo(message, err=True))
     source_name = "<stdin>" if input_path == "-" else input_path
-    started, lines_done = time.monotonic(), 0
     with ExitStack() as stack:
+        # Opened first: a missing input is the error reported, even beside a bad checkpoint.
         source = stack.enter_context(opened(input_path, "rb"))
+        translator = Translator(cfg, warn=lambda message: click.echo(message, err=True))
         sink = stack.enter_context(opened(output_path, "wb"))
+        started, lines_done = time.monotonic(), 0
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         for group, read_error in chunks(read_lines(source, source_name, cfg.errors), cfg.buffer_size):
             text = "".join(translator.format(translation) + "\n" for translation in translator.translate(group, source_name))
