@@ -33,7 +33,7 @@ WEIGHT_MAX = 127
 ACTIVATION_ZERO = 64  # activations x_q - 64 in [-63, 63]
 ACTIVATION_RANGE = 63
 # Added before the cast to bytes, which truncates: the zero point, and 0.5 to round to nearest.
-ROUNDING_OFFSET = torch.tensor(ACTIVATION_ZERO + 0.5)
+ROUNDING_OFFSET = ACTIVATION_ZERO + 0.5
 
 
 def int8_unavailable_reason() -> str | None:
@@ -64,7 +64,10 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     # and the cast's truncation rounds to the nearest of [1, 127]: no clamp needed. Those
     # bytes are the same signed or unsigned, and torch's cast to int8 is vectorized where
     # its cast to uint8 is not (3x faster on a CPU).
-    values = torch.addcmul(ROUNDING_OFFSET, x, scale.reciprocal()).to(torch.int8).view(torch.uint8)
+    # The offset as a whole row: addcmul vectorizes that, and broadcasts a 0-d tensor 2-5x
+    # slower (one core, 256 x 256: 7 us against 32).
+    offset = torch.full((x.size(1),), ROUNDING_OFFSET, dtype=x.dtype, device=x.device)
+    values = torch.addcmul(offset, x, scale.reciprocal()).to(torch.int8).view(torch.uint8)
     return values, scale
 
 
