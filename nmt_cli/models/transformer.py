@@ -30,8 +30,8 @@ The decoding cache (a plain dict the caller creates empty) holds
   "cross_keys_t": on a CPU, the keys of "cross_kv" once more, transposed: (L, B, H,
                Dh, S). A CPU's batched products read keys laid out so in about half
                the time (one core, 256 products of 4 x 64 by 64 x 53: 0.18 ms against
-               0.35); the copy is made once per batch. "cross_kv"'s own keys are then
-               left unread;
+               0.35); the copy is made once per batch. "cross_kv" stays whole (it is
+               what fixed-shape steps read), its keys unread by `decode_step`;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads;
   "zeroed":    bool, self-attention buffers are allocated as zeros (for fixed-shape
