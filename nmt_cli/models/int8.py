@@ -23,6 +23,8 @@ depend on the other rows of its batch, nor on the CPU that computes it.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -64,11 +66,18 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     # and the cast's truncation rounds to the nearest of [1, 127]: no clamp needed. Those
     # bytes are the same signed or unsigned, and torch's cast to int8 is vectorized where
     # its cast to uint8 is not (3x faster on a CPU).
-    # The offset as a whole row: addcmul vectorizes that, and broadcasts a 0-d tensor 2-5x
-    # slower (one core, 256 x 256: 7 us against 32).
-    offset = torch.full((x.size(1),), ROUNDING_OFFSET, dtype=x.dtype, device=x.device)
+    offset = _rounding_offset_row(x.size(1), x.dtype, x.device)
     values = torch.addcmul(offset, x, scale.reciprocal()).to(torch.int8).view(torch.uint8)
     return values, scale
+
+
+@functools.lru_cache(maxsize=16)
+def _rounding_offset_row(width: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """ROUNDING_OFFSET in each of `width` columns, made once per width (read, never written).
+
+    As a whole row because addcmul vectorizes that, and broadcasts a 0-d tensor 2-5x
+    slower (one core, 256 x 256: 7 us against 32)."""
+    return torch.full((width,), ROUNDING_OFFSET, dtype=dtype, device=device)
 
 
 class Int8Linear(nn.Module):

@@ -27,11 +27,12 @@ The decoding cache (a plain dict the caller creates empty) holds
   "cross_kv":  (L, 2, B, H, S, Dh) cross-attention keys/values per sentence, computed
                once from the encoder output at the first step; each layer's keys and
                values are contiguous (B, H, S, Dh) blocks;
-  "cross_keys_t": on a CPU, the keys of "cross_kv" once more, transposed: (L, B, H,
-               Dh, S). A CPU's batched products read keys laid out so in about half
-               the time (one core, 256 products of 4 x 64 by 64 x 53: 0.18 ms against
-               0.35); the copy is made once per batch. "cross_kv" stays whole (it is
-               what fixed-shape steps read), its keys unread by `decode_step`;
+  "cross_keys_t": on a CPU (unless "zeroed"), the keys of "cross_kv" once more,
+               transposed: (L, B, H, Dh, S). A CPU's batched products read keys laid
+               out so in about half the time (one core, 256 products of 4 x 64 by
+               64 x 53: 0.18 ms against 0.35); the copy is made once per batch.
+               "cross_kv" stays whole (it is what fixed-shape steps read), its keys
+               unread by `decode_step`;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
                -inf at pads;
   "zeroed":    bool, self-attention buffers are allocated as zeros (for fixed-shape
@@ -373,7 +374,7 @@ class Transformer(nn.Module):
         cache["length"] = 0
         cross_kv, cache["cross_mask"] = self.cross_attention_state(encoder_out)
         cache["cross_kv"] = cross_kv
-        if cross_kv.device.type == "cpu":
+        if cross_kv.device.type == "cpu" and not zeroed:  # zeroed: for fixed-shape steps, which read cross_kv
             cache["cross_keys_t"] = cross_kv[:, 0].transpose(-1, -2).contiguous()
         cache["zeroed"] = zeroed
         cache["buffers"] = self.cache_buffers

@@ -150,13 +150,13 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 return grad, None
         N, V = logits.shape
         grad = torch.empty_like(logits)
+        in_gradient = logits.dtype == torch.float32  # the probabilities are computed in the gradient itself
         step = _rows_per_chunk(logits)
         for start in range(0, N, step):
             rows = slice(start, start + step)
             targets = target[rows].unsqueeze(1)  # (n, 1)
             a, b = grad_nll[rows].unsqueeze(1), grad_smooth[rows].unsqueeze(1)  # (n, 1)
             scale = a + V * b
-            in_gradient = logits.dtype == torch.float32
             if in_gradient:
                 # Straight into the gradient and finished there: no (n, V) temporaries,
                 # each of which would cost a pass over memory (and fresh pages on a CPU).
