@@ -1,5 +1,5 @@
-"""Timing a benchmark step on its device, and how busy the device is during it: kernel
-time against wall time.
+"""Timing a benchmark step on its device, how busy the device is during it (kernel
+time against wall time), and the rate of the device's matrix units.
 
 A step whose kernels keep the GPU busy for a small part of its wall time is bound by
 the host launching them, not by the GPU. Needs torch; imported only by the processes
@@ -32,6 +32,20 @@ def seconds_per_call(run: Callable[[], None], steps: int, warmup: int, device: t
         run()
     synchronize(device)
     return (time.perf_counter() - start) / steps
+
+
+def matrix_rate_tflops(device: torch.device, dtype: torch.dtype) -> tuple[float, int]:
+    """TFLOP/s of one large square matrix product in `dtype`, timed here, and its size.
+
+    What the device's matrix units reach on a product shaped for them: the measured
+    limit for a model's products, where a data sheet's peak may not be reachable at all.
+    """
+    size = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
+    out = torch.empty(size, size, device=device, dtype=dtype)
+    steps = 20 if device.type == "cuda" else 5
+    seconds = seconds_per_call(lambda: torch.mm(a, b, out=out), steps, 2, device)
+    return 2 * size**3 / seconds / 1e12, size
 
 
 def device_busy_line(run: Callable[[], None], repeats: int, unit: str, device: torch.device) -> str:

@@ -73,7 +73,7 @@ step() {
     if [ "$rc" -ne 0 ] || grep -q ' failed: ' "$OUT/.step"; then
         FAILED_STEPS=$((FAILED_STEPS + 1))
     fi
-    grep -E '^(nmt|torch|hf|fairseq|ratio|#|[0-9]+ (passed|failed)|FAILED|ERROR|key mask|no mask|causal|per update)' "$OUT/.step" | sed 's/^/    /' >>"$SUMMARY"
+    grep -E '^(nmt|torch|hf|fairseq|ratio|hardware limit|#|[0-9]+ (passed|failed)|FAILED|ERROR|key mask|no mask|causal|per update)' "$OUT/.step" | sed 's/^/    /' >>"$SUMMARY"
 }
 
 step machine 30 bash -c 'nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; python3 -c "

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import self_peak_rss_mib
-from device_profile import device_busy_line, synchronize
+from device_profile import device_busy_line, matrix_rate_tflops, synchronize
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
@@ -43,11 +43,13 @@ from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models import dropout as dropout_module
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
+from nmt_cli.models.size import training_matmul_flops
 from nmt_cli.train import loss as loss_module
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+MATRIX_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PEER_PYTHON = Path(__file__).resolve().parent / ".venv" / "bin" / "python"
 
 
@@ -388,6 +390,21 @@ def main() -> None:
             best = max(peers, key=lambda r: r.tokens_per_s)
             for nmt in [r for r in results if r.name.startswith("nmt") and "chunked" not in r.name]:
                 print(f"ratio {nmt.name} / best peer ({best.name}): {nmt.tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
+    print_hardware_limit(args, model_cfg, device, [r for r in results if r.name.startswith("nmt")])
+
+
+def print_hardware_limit(args, model_cfg: ModelConfig, device: torch.device, nmt_results: list[Result]) -> None:
+    """The target tokens/s at which the update's matrix products alone would keep the
+    device's matrix units as busy as one large product does, and nmt's share of it."""
+    B, L = args.batch_size, args.seq_len
+    flops = training_matmul_flops(model_cfg, B, L, L, args.vocab)
+    rate, size = matrix_rate_tflops(device, MATRIX_DTYPES[args.precision])
+    limit = rate * 1e12 / (flops / (B * L))
+    print(f"{'hardware limit':32s} {limit:12,.0f} target tok/s   the update's matrix products, {flops / 1e12:.3f} "
+          f"TFLOP, at this device's {args.precision} rate: {rate:.2f} TFLOP/s ({size}x{size} products, timed here)")
+    for r in nmt_results:
+        achieved = r.tokens_per_s * flops / (B * L) / 1e12
+        print(f"ratio {r.name} / hardware limit: {r.tokens_per_s / limit:.2f} ({achieved:.2f} TFLOP/s of matrix products)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from model_utils import EOS, PAD, SRC_V, TGT_V, padded_batch, source_batch, tiny_model
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
@@ -32,7 +33,7 @@ from nmt_cli.models.transformer import vocabulary_logits
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
 from nmt_cli.models.layers import few_query_attention, sinusoidal_table
 from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
-from nmt_cli.models.size import parameter_counts
+from nmt_cli.models.size import parameter_counts, training_matmul_flops
 
 SRC = padded_batch(1, [7, 4, 5, 1], SRC_V)
 PREV = padded_batch(2, [6, 6, 3, 5], TGT_V, bos=EOS)
@@ -768,3 +769,22 @@ def test_vocabulary_logits_equal_torch_linear() -> None:
     torch.testing.assert_close(vocabulary_logits(hidden, weight), F.linear(hidden, weight), atol=1e-5, rtol=1e-5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert vocabulary_logits(hidden, weight).dtype == torch.bfloat16  # autocast is obeyed
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param({}, id="tiny"),
+    pytest.param({"share_all_embeddings": True, "normalize_before": True}, id="share-all-pre-norm"),
+    pytest.param({"encoder_embed_dim": 64, "encoder_attention_heads": 4, "encoder_ffn_embed_dim": 96,
+                  "encoder_layers": 1, "decoder_layers": 3}, id="other-encoder-sizes"),
+])
+def test_training_matmul_flops_match_torchs_flop_counter(overrides: dict) -> None:
+    cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
+    src_vocab, tgt_vocab = (40, 40) if cfg.share_all_embeddings else (30, 40)
+    model = build_model(cfg, src_vocab, tgt_vocab)
+    sentences, src_len, tgt_len = 3, 7, 5
+    src = torch.randint(4, src_vocab, (sentences, src_len))
+    prev = torch.randint(4, tgt_vocab, (sentences, tgt_len))
+    # The math kernel runs attention as matrix products, which the counter sees.
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(src, prev).sum().backward()
+    assert counter.get_total_flops() == training_matmul_flops(cfg, sentences, src_len, tgt_len, tgt_vocab)

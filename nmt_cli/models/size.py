@@ -1,4 +1,4 @@
-"""A model's size from its config alone, and the refusal of a model too big to build.
+"""A model's size and work from its config alone, and the refusal of a model too big to build.
 
 The counts are arithmetic on the config's numbers, so they take no time and no memory
 whatever those numbers are: a model is checked before torch allocates it, or fails
@@ -83,6 +83,29 @@ def sinusoid_table_values(cfg: ModelConfig) -> int:
         return 0
     return (position_rows(cfg.max_source_positions) * cfg.encoder_embed_dim
             + position_rows(cfg.max_target_positions) * cfg.decoder_embed_dim)
+
+
+def training_matmul_flops(cfg: ModelConfig, sentences: int, src_len: int, tgt_len: int, tgt_vocab_size: int) -> int:
+    """Floating-point operations of the matrix products in one training update on
+    `sentences` pairs of `src_len` source and `tgt_len` target tokens, no padding.
+
+    A product of (m, k) by (k, n) counts 2mkn; the backward pass twice the forward (the
+    gradients of both factors). Attention's score and value products count whole, the
+    causal mask's half included, as the kernels of a CPU compute them. Elementwise work
+    (LayerNorm, softmax, the loss) is left out: this is the work whose rate a device's
+    matrix units bound.
+    """
+    enc, dec = cfg.encoder_embed_dim, cfg.decoder_embed_dim
+    src_tokens, tgt_tokens = sentences * src_len, sentences * tgt_len
+    encoder_layer = (src_tokens * (4 * enc * enc + 2 * enc * cfg.encoder_ffn_embed_dim)  # q/k/v, out, feed-forward
+                     + 2 * sentences * src_len * src_len * enc)  # scores and their weighted sum
+    decoder_layer = (tgt_tokens * (6 * dec * dec + 2 * dec * cfg.decoder_ffn_embed_dim)  # self q/k/v, out; cross q, out
+                     + src_tokens * 2 * enc * dec  # cross-attention keys and values
+                     + 2 * sentences * tgt_len * tgt_len * dec  # self-attention
+                     + 2 * sentences * tgt_len * src_len * dec)  # cross-attention
+    output_projection = tgt_tokens * dec * tgt_vocab_size
+    forward_macs = cfg.encoder_layers * encoder_layer + cfg.decoder_layers * decoder_layer + output_projection
+    return 3 * 2 * forward_macs
 
 
 GB_SHOWN = 5 * 10**7  # the least size that _gb shows as more than 0.0 GB
