@@ -400,11 +400,11 @@ def print_hardware_limit(args, model_cfg: ModelConfig, device: torch.device, nmt
     flops = training_matmul_flops(model_cfg, B, L, L, args.vocab)
     rate, size = matrix_rate_tflops(device, MATRIX_DTYPES[args.precision])
     limit = rate * 1e12 / (flops / (B * L))
-    print(f"{'hardware limit':32s} {limit:12,.0f} target tok/s   the update's matrix products, {flops / 1e12:.3f} "
-          f"TFLOP, at this device's {args.precision} rate: {rate:.2f} TFLOP/s ({size}x{size} products, timed here)")
+    print(f"{'hardware limit':32s} {limit:12,.0f} target tok/s   the update's matrix products, {flops / 1e12:.3g} "
+          f"TFLOP, at this device's {args.precision} rate: {rate:.3g} TFLOP/s ({size}x{size} products, timed here)")
     for r in nmt_results:
         achieved = r.tokens_per_s * flops / (B * L) / 1e12
-        print(f"ratio {r.name} / hardware limit: {r.tokens_per_s / limit:.2f} ({achieved:.2f} TFLOP/s of matrix products)")
+        print(f"ratio {r.name} / hardware limit: {r.tokens_per_s / limit:.2f} ({achieved:.3g} TFLOP/s of matrix products)")
 
 
 if __name__ == "__main__":
