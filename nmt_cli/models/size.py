@@ -91,9 +91,9 @@ def training_matmul_flops(cfg: ModelConfig, sentences: int, src_len: int, tgt_le
 
     A product of (m, k) by (k, n) counts 2mkn; the backward pass twice the forward (the
     gradients of both factors). Attention's score and value products count whole, the
-    causal mask's half included, as the kernels of a CPU compute them. Elementwise work
-    (LayerNorm, softmax, the loss) is left out: this is the work whose rate a device's
-    matrix units bound.
+    half that a causal mask hides included (a fused kernel may skip it; it is a small
+    part at translation's lengths). Elementwise work (LayerNorm, softmax, the loss) is
+    left out: this is the work whose rate a device's matrix units bound.
     """
     enc, dec = cfg.encoder_embed_dim, cfg.decoder_embed_dim
     src_tokens, tgt_tokens = sentences * src_len, sentences * tgt_len
