@@ -2,14 +2,18 @@
 (and Hugging Face MarianMTModel and fairseq's TransformerModel when importable here or
 in benchmarks/.venv), same configuration, batches and precision.
 
-Every batch is B sentences of exactly L tokens on both sides (shared vocabulary V).
-nmt runs its real training step (`nmt_cli.train.step.train_update`: collation from a
-binarized corpus, label-smoothed loss, fused AdamW, ...); the baselines run the
-plainest equivalent loop on batches already on the device.
+Every batch is B sentences of exactly L tokens on both sides (shared vocabulary V), or
+with `--data-bin` the batches of a binarized corpus's train split (`--max-tokens`),
+the same batches for every system. nmt runs its real training step
+(`nmt_cli.train.step.train_update`: collation from a binarized corpus, label-smoothed
+loss, fused AdamW, ...); the baselines run the plainest equivalent loop on the same
+batches, already on the device.
 
     python benchmarks/train_throughput.py --arch transformer_small --device cpu \\
         --batch-size 64 --seq-len 32 --vocab 8000 --steps 10
     python benchmarks/train_throughput.py --arch transformer_base --precision bf16 --compile
+    python benchmarks/train_throughput.py --arch transformer_small --device cpu \
+        --data-bin work/quickstart/data-bin --max-tokens 1024 --steps 100 --share-all-embeddings
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import sys
 import tempfile
 import time
 import unittest.mock
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +40,11 @@ from torch import nn
 from common import self_peak_rss_mib
 from device_profile import device_busy_line, matrix_rate_tflops, synchronize
 from nmt_cli.config import ModelConfig, TrainConfig
-from nmt_cli.data.batching import make_batches
+from nmt_cli.data.batching import epoch_batches, make_batches
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
-from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.data.pairs import PairDataset, collate, load_data_bin
+from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models import dropout as dropout_module
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
@@ -60,6 +65,66 @@ class Result:
     peak_mem_gib: float | None
 
 
+@dataclass
+class Workload:
+    """The batches that every system trains on, in order: `warmup` untimed, then `steps` timed."""
+
+    data_bin: str
+    pairs: PairDataset  # the data-bin's train split
+    batches: list[np.ndarray]  # pair indices, one array per batch
+    src_vocab: int
+    tgt_vocab: int
+    warmup: int
+
+    @property
+    def vocab(self) -> int:
+        """One vocabulary size for the baselines, whose models share theirs."""
+        return max(self.src_vocab, self.tgt_vocab)
+
+    def target_tokens(self, index: int) -> int:
+        return int(self.pairs.tgt_sizes[self.batches[index]].sum())
+
+    def timed_target_tokens(self) -> int:
+        return sum(self.target_tokens(i) for i in range(self.warmup, len(self.batches)))
+
+    def longest(self) -> int:
+        """The most tokens of any sentence in the batches (for the baselines' position tables)."""
+        return int(max(max(self.pairs.src_sizes[b].max(), self.pairs.tgt_sizes[b].max()) for b in self.batches))
+
+    def timed_matmul_flops(self, cfg: ModelConfig) -> int:
+        """The matrix products of the timed batches, at their padded shapes."""
+        return sum(training_matmul_flops(cfg, len(b), int(self.pairs.src_sizes[b].max()),
+                                         int(self.pairs.tgt_sizes[b].max()), self.tgt_vocab)
+                   for b in self.batches[self.warmup:])
+
+
+@contextlib.contextmanager
+def workload(args) -> Iterator[Workload]:
+    """The run's batches: from `--data-bin` (its first `warmup + steps` batches in the order
+    of a training epoch), or fixed-length random pairs written to a temporary data-bin."""
+    count = args.warmup + args.steps
+    with contextlib.ExitStack() as stack:
+        if args.data_bin:
+            path = args.data_bin
+            max_tokens = args.max_tokens
+        else:
+            path = stack.enter_context(tempfile.TemporaryDirectory())
+            write_fixed_length_data_bin(Path(path), args.vocab, args.batch_size * count, args.seq_len, seed=0)
+            max_tokens = args.batch_size * args.seq_len
+        try:
+            data = load_data_bin(path)
+            pairs = data.split("train")
+        except NmtError as error:
+            raise SystemExit(f"--data-bin: {error}") from None
+        batches = epoch_batches(make_batches(pairs.src_sizes, pairs.tgt_sizes, max_tokens, seed=0), 0, 0)[:count]
+        if len(batches) < count:
+            raise SystemExit(f"{path}: its train split makes {len(batches)} batches of {max_tokens} tokens; "
+                             f"--warmup + --steps asks for {count}")
+        if not args.data_bin:
+            assert all(len(b) == args.batch_size for b in batches)
+        yield Workload(path, pairs, batches, len(data.src_dict), len(data.tgt_dict), args.warmup)
+
+
 def write_fixed_length_data_bin(path: Path, vocab: int, count: int, length: int, seed: int) -> None:
     """`count` random pairs of exactly `length` tokens (the last one `</s>`)."""
     dictionary = Dictionary([f"w{i}" for i in range(vocab - Dictionary.nspecial)])
@@ -75,53 +140,49 @@ def write_fixed_length_data_bin(path: Path, vocab: int, count: int, length: int,
     (path / "meta.json").write_text('{"format_version": 1, "source_lang": "src", "target_lang": "tgt"}\n')
 
 
-def timed(step: Callable[[int], None], steps: int, warmup: int, tokens_per_step: int, device: torch.device) -> tuple[float, float | None]:
-    for i in range(warmup):
+def timed(step: Callable[[int], None], work: Workload, device: torch.device) -> tuple[float, float | None]:
+    """Target tokens/s of `step(i)` over the workload's timed batches, after its warm-up
+    batches, and the peak GPU memory (None on a CPU)."""
+    for i in range(work.warmup):
         step(i)
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    for i in range(steps):
-        step(warmup + i)
+    for i in range(work.warmup, len(work.batches)):
+        step(i)
     synchronize(device)
     elapsed = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return tokens_per_step * steps / elapsed, peak
+    return work.timed_target_tokens() / elapsed, peak
 
 
-def bench_nmt_without(args, model_cfg: ModelConfig, device: torch.device, label: str,
+def bench_nmt_without(args, model_cfg: ModelConfig, device: torch.device, work: Workload, label: str,
                       module, name: str, replacement) -> Result:
     """nmt's training step with `module.name` replaced, to measure what a part of nmt
     gains by taking it out; the row is labelled `label`."""
     with unittest.mock.patch.object(module, name, replacement):
-        result = bench_nmt(args, model_cfg, device)
+        result = bench_nmt(args, model_cfg, device, work)
     return Result(f"{result.name} ({label})", result.tokens_per_s, result.peak_mem_gib)
 
 
-def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, precision: str | None = None) -> Result:
+def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, work: Workload,
+              precision: str | None = None) -> Result:
     """nmt's training step; `precision`: nmt's own --precision in place of the peers'
     (pure-bf16)."""
     if device.type == "cpu":
         keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
-    with tempfile.TemporaryDirectory() as tmp:
-        count = args.batch_size * (args.steps + args.warmup)
-        write_fixed_length_data_bin(Path(tmp), args.vocab, count, args.seq_len, seed=0)
-        data = load_data_bin(tmp)
-        split = data.split("train")
-        cfg = TrainConfig(data=tmp, save_dir=tmp, arch=args.arch, max_tokens=args.batch_size * args.seq_len,
-                          required_batch_size_multiple=1, precision=precision or args.precision, compile=args.compile,
-                          label_smoothing=0.1, warmup_updates=4000, lr=5e-4)
+    with tempfile.TemporaryDirectory() as save_dir:
+        cfg = TrainConfig(data=work.data_bin, save_dir=save_dir, arch=args.arch, precision=precision or args.precision,
+                          compile=args.compile, label_smoothing=0.1, warmup_updates=4000, lr=5e-4)
         dist = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
-        engine = build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist)
-        batches = make_batches(split.src_sizes, split.tgt_sizes, cfg.max_tokens, seed=0)
-        assert all(len(b) == args.batch_size for b in batches)
-        ntokens = args.batch_size * args.seq_len
+        engine = build_engine(cfg, model_cfg, work.src_vocab, work.tgt_vocab, dist)
 
         def step(i: int) -> None:
-            train_update(engine, split, [batches[i]], batches[i], ntokens, i)
+            batch = work.batches[i]
+            train_update(engine, work.pairs, [batch], batch, work.target_tokens(i), i)
 
-        tps, peak = timed(step, args.steps, args.warmup, ntokens, device)
+        tps, peak = timed(step, work, device)
         if args.profile:
             print(device_busy_line(lambda: step(0), 3, f"{precision} update" if precision else "update", device), flush=True)
         del engine
@@ -161,23 +222,18 @@ class TorchNNSeq2Seq(nn.Module):
         return self.out(h)  # (B, T, V)
 
 
-def bench_baseline(name: str, model: nn.Module, args, device: torch.device) -> Result:
+def bench_baseline(name: str, model: nn.Module, args, device: torch.device, work: Workload) -> Result:
     model = model.to(device)
     if args.compile:
         model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                   fused=device.type in ("cpu", "cuda"))  # as nmt's
-    generator = torch.Generator().manual_seed(0)
-    B, L = args.batch_size, args.seq_len
-    batches = []
-    for _ in range(4):
-        tokens = torch.randint(Dictionary.nspecial, args.vocab, (B, L + 1), generator=generator).to(device)
-        batches.append((tokens[:, :L], tokens[:, :L], tokens[:, 1:]))
+    batches = [collate(work.pairs, b).to(device) for b in work.batches]
     dtype = DTYPES[args.precision]
     scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
 
     def step(i: int) -> None:
-        src, prev, target = batches[i % len(batches)]
+        src, prev, target = batches[i].src_tokens, batches[i].prev_output_tokens, batches[i].target
         autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
         with autocast:
             logits = model(src, prev)
@@ -194,7 +250,7 @@ def bench_baseline(name: str, model: nn.Module, args, device: torch.device) -> R
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    tps, peak = timed(step, args.steps, args.warmup, B * L, device)
+    tps, peak = timed(step, work, device)
     return Result(name + (" (compiled)" if args.compile else ""), tps, peak)
 
 
@@ -282,28 +338,30 @@ def bench_in_peer_venv(argv: list[str], system: str) -> Result | None:
     return Result(name, float(tokens_per_s), float(peak) if peak != "None" else None)
 
 
-def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: set[str]) -> list[Result]:
+def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: set[str], work: Workload) -> list[Result]:
     """One measurement of every system in `systems`, nmt first."""
     results: list[Result] = []
     if "nmt" in systems:
-        results.append(bench_nmt(args, model_cfg, device))
+        results.append(bench_nmt(args, model_cfg, device, work))
         if device.type == "cpu":  # measured first in this process, so the process peak is nmt's
             results[-1].peak_mem_gib = process_peak_rss_gib()
         if args.chunked_loss:  # the loss of a CPU (row chunks) in place of the fused GPU kernels
-            results.append(bench_nmt_without(args, model_cfg, device, "chunked loss",
+            results.append(bench_nmt_without(args, model_cfg, device, work, "chunked loss",
                                              loss_module, "fused_kernels", lambda logits: None))
         if args.torch_dropout:  # F.dropout in place of the CPU's lane masks
-            results.append(bench_nmt_without(args, model_cfg, device, "torch dropout",
+            results.append(bench_nmt_without(args, model_cfg, device, work, "torch dropout",
                                              dropout_module, "draws_lane_masks", lambda x: False))
         if args.pure_bf16:
-            results.append(bench_nmt(args, model_cfg, device, precision="pure-bf16"))
+            results.append(bench_nmt(args, model_cfg, device, work, precision="pure-bf16"))
+    positions = work.longest() + 1  # the baselines' position tables; targets are fed with a leading </s>
     if "torch" in systems:
         torch.manual_seed(0)
-        results.append(bench_baseline("torch.nn.Transformer", TorchNNSeq2Seq(model_cfg, args.vocab, args.seq_len + 1), args, device))
+        model = TorchNNSeq2Seq(model_cfg, work.vocab, positions)
+        results.append(bench_baseline("torch.nn.Transformer", model, args, device, work))
     if "hf" in systems:
-        model = marian_model(model_cfg, args.vocab, args.seq_len + 1)
+        model = marian_model(model_cfg, work.vocab, positions)
         if model is not None:
-            results.append(bench_baseline("hf MarianMTModel", model, args, device))
+            results.append(bench_baseline("hf MarianMTModel", model, args, device, work))
         elif PEER_PYTHON.is_file():
             peer = bench_in_peer_venv(sys.argv[1:], "hf")
             results += [peer] if peer is not None else []
@@ -311,9 +369,9 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
             print("hf MarianMTModel: skipped (transformers not installed)")
     if "fairseq" in systems:
         torch.manual_seed(0)
-        model = fairseq_model(model_cfg, args.vocab)
+        model = fairseq_model(model_cfg, work.vocab)
         if model is not None:
-            results.append(bench_baseline(PEER_LABELS["fairseq"], model, args, device))
+            results.append(bench_baseline(PEER_LABELS["fairseq"], model, args, device, work))
         elif PEER_PYTHON.is_file():
             peer = bench_in_peer_venv(sys.argv[1:], "fairseq")
             results += [peer] if peer is not None else []
@@ -350,6 +408,10 @@ def main() -> None:
     parser.add_argument("--machine-readable", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--systems", default="nmt,torch,hf,fairseq", help="comma-separated subset of nmt,torch,hf,fairseq")
     parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
+    parser.add_argument("--data-bin", default=None,
+                        help="train on this data-bin's train split (real lengths and padding) instead of fixed-length "
+                        "random pairs; --batch-size, --seq-len and --vocab are then unused")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch with --data-bin")
     args = parser.parse_args()
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
@@ -360,18 +422,22 @@ def main() -> None:
         overrides["share_all_embeddings"] = True
     model_cfg = resolve_config(args.arch, overrides)
     systems = set(args.systems.split(","))
-    print(f"# {args.arch}, {device}, {args.precision}, batch {args.batch_size}x{args.seq_len} tokens, vocab {args.vocab}, "
+    batches = (f"{args.data_bin}, {args.max_tokens}-token batches" if args.data_bin
+               else f"batch {args.batch_size}x{args.seq_len} tokens, vocab {args.vocab}")
+    print(f"# {args.arch}, {device}, {args.precision}, {batches}, "
           f"{args.steps} steps{' , compiled' if args.compile else ''}; torch {torch.__version__}", file=sys.stderr)
 
     # Each system's median round: a slow (or fast) moment of a shared machine then moves no
     # system's figure alone. Peak memory is the first round's (on a CPU, nmt's own only then).
     by_name: dict[str, list[Result]] = {}
-    for i in range(args.rounds):
-        measured = measure_round(args, model_cfg, device, systems)
-        if args.rounds > 1:
-            print(f"# round {i + 1}: " + ", ".join(f"{r.name} {r.tokens_per_s:,.0f}" for r in measured), file=sys.stderr)
-        for r in measured:
-            by_name.setdefault(r.name, []).append(r)
+    with workload(args) as work:
+        for i in range(args.rounds):
+            measured = measure_round(args, model_cfg, device, systems, work)
+            if args.rounds > 1:
+                print(f"# round {i + 1}: " + ", ".join(f"{r.name} {r.tokens_per_s:,.0f}" for r in measured), file=sys.stderr)
+            for r in measured:
+                by_name.setdefault(r.name, []).append(r)
+        flops_per_token = work.timed_matmul_flops(model_cfg) / work.timed_target_tokens()
     results = [Result(name, statistics.median(r.tokens_per_s for r in runs), runs[0].peak_mem_gib)
                for name, runs in by_name.items()]
     if args.machine_readable:
@@ -390,20 +456,18 @@ def main() -> None:
             best = max(peers, key=lambda r: r.tokens_per_s)
             for nmt in [r for r in results if r.name.startswith("nmt") and "chunked" not in r.name]:
                 print(f"ratio {nmt.name} / best peer ({best.name}): {nmt.tokens_per_s / best.tokens_per_s:.2f}x target tok/s")
-    print_hardware_limit(args, model_cfg, device, [r for r in results if r.name.startswith("nmt")])
+    print_hardware_limit(args.precision, device, flops_per_token, [r for r in results if r.name.startswith("nmt")])
 
 
-def print_hardware_limit(args, model_cfg: ModelConfig, device: torch.device, nmt_results: list[Result]) -> None:
+def print_hardware_limit(precision: str, device: torch.device, flops_per_token: float, nmt_results: list[Result]) -> None:
     """The target tokens/s at which the update's matrix products alone would keep the
     device's matrix units as busy as one large product does, and nmt's share of it."""
-    B, L = args.batch_size, args.seq_len
-    flops = training_matmul_flops(model_cfg, B, L, L, args.vocab)
-    rate, size = matrix_rate_tflops(device, MATRIX_DTYPES[args.precision])
-    limit = rate * 1e12 / (flops / (B * L))
-    print(f"{'hardware limit':32s} {limit:12,.0f} target tok/s   the update's matrix products, {flops / 1e12:.3g} "
-          f"TFLOP, at this device's {args.precision} rate: {rate:.3g} TFLOP/s ({size}x{size} products, timed here)")
+    rate, size = matrix_rate_tflops(device, MATRIX_DTYPES[precision])
+    limit = rate * 1e12 / flops_per_token
+    print(f"{'hardware limit':32s} {limit:12,.0f} target tok/s   {flops_per_token / 1e6:,.1f} MFLOP of matrix products "
+          f"per target token at this device's {precision} rate: {rate:.3g} TFLOP/s ({size}x{size} products, timed here)")
     for r in nmt_results:
-        achieved = r.tokens_per_s * flops / (B * L) / 1e12
+        achieved = r.tokens_per_s * flops_per_token / 1e12
         print(f"ratio {r.name} / hardware limit: {r.tokens_per_s / limit:.2f} ({achieved:.3g} TFLOP/s of matrix products)")
 
 
