@@ -12,7 +12,7 @@ batches, already on the device.
     python benchmarks/train_throughput.py --arch transformer_small --device cpu \\
         --batch-size 64 --seq-len 32 --vocab 8000 --steps 10
     python benchmarks/train_throughput.py --arch transformer_base --precision bf16 --compile
-    python benchmarks/train_throughput.py --arch transformer_small --device cpu \
+    python benchmarks/train_throughput.py --arch transformer_small --device cpu \\
         --data-bin work/quickstart/data-bin --max-tokens 1024 --steps 100 --share-all-embeddings
 """
 
