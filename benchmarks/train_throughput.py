@@ -53,8 +53,7 @@ from nmt_cli.train import loss as loss_module
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-MATRIX_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # None: no autocast
 PEER_PYTHON = Path(__file__).resolve().parent / ".venv" / "bin" / "python"
 
 
@@ -72,6 +71,7 @@ class Workload:
     data_bin: str
     pairs: PairDataset  # the data-bin's train split
     batches: list[np.ndarray]  # pair indices, one array per batch
+    target_tokens: list[int]  # per batch, its target tokens that are not pads (counted once, off the timed loop)
     src_vocab: int
     tgt_vocab: int
     warmup: int
@@ -81,11 +81,8 @@ class Workload:
         """One vocabulary size for the baselines, whose models share theirs."""
         return max(self.src_vocab, self.tgt_vocab)
 
-    def target_tokens(self, index: int) -> int:
-        return int(self.pairs.tgt_sizes[self.batches[index]].sum())
-
     def timed_target_tokens(self) -> int:
-        return sum(self.target_tokens(i) for i in range(self.warmup, len(self.batches)))
+        return sum(self.target_tokens[self.warmup:])
 
     def longest(self) -> int:
         """The most tokens of any sentence in the batches (for the baselines' position tables)."""
@@ -122,7 +119,8 @@ def workload(args) -> Iterator[Workload]:
                              f"--warmup + --steps asks for {count}")
         if not args.data_bin:
             assert all(len(b) == args.batch_size for b in batches)
-        yield Workload(path, pairs, batches, len(data.src_dict), len(data.tgt_dict), args.warmup)
+        target_tokens = [int(pairs.tgt_sizes[b].sum()) for b in batches]
+        yield Workload(path, pairs, batches, target_tokens, len(data.src_dict), len(data.tgt_dict), args.warmup)
 
 
 def write_fixed_length_data_bin(path: Path, vocab: int, count: int, length: int, seed: int) -> None:
@@ -180,7 +178,7 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, work: Workload
 
         def step(i: int) -> None:
             batch = work.batches[i]
-            train_update(engine, work.pairs, [batch], batch, work.target_tokens(i), i)
+            train_update(engine, work.pairs, [batch], batch, work.target_tokens[i], i)
 
         tps, peak = timed(step, work, device)
         if args.profile:
@@ -462,7 +460,7 @@ def main() -> None:
 def print_hardware_limit(precision: str, device: torch.device, flops_per_token: float, nmt_results: list[Result]) -> None:
     """The target tokens/s at which the update's matrix products alone would keep the
     device's matrix units as busy as one large product does, and nmt's share of it."""
-    rate, size = matrix_rate_tflops(device, MATRIX_DTYPES[precision])
+    rate, size = matrix_rate_tflops(device, DTYPES[precision] or torch.float32)
     limit = rate * 1e12 / flops_per_token
     print(f"{'hardware limit':32s} {limit:12,.0f} target tok/s   {flops_per_token / 1e6:,.1f} MFLOP of matrix products "
           f"per target token at this device's {precision} rate: {rate:.3g} TFLOP/s ({size}x{size} products, timed here)")

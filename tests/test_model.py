@@ -779,7 +779,7 @@ def test_vocabulary_logits_equal_torch_linear() -> None:
 ])
 def test_training_matmul_flops_match_torchs_flop_counter(overrides: dict) -> None:
     cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
-    src_vocab, tgt_vocab = (40, 40) if cfg.share_all_embeddings else (30, 40)
+    src_vocab, tgt_vocab = vocab_sizes(overrides)
     model = build_model(cfg, src_vocab, tgt_vocab)
     sentences, src_len, tgt_len = 3, 7, 5
     src = torch.randint(4, src_vocab, (sentences, src_len))
