@@ -7,7 +7,7 @@ with `--data-bin` the batches of a binarized corpus's train split (`--max-tokens
 the same batches for every system. nmt runs its real training step
 (`nmt_cli.train.step.train_update`: collation from a binarized corpus, label-smoothed
 loss, fused AdamW, ...); the baselines run the plainest equivalent loop on the same
-batches, already on the device.
+batches, already on the device, with the source pads masked as nmt masks them.
 
     python benchmarks/train_throughput.py --arch transformer_small --device cpu \\
         --batch-size 64 --seq-len 32 --vocab 8000 --steps 10
@@ -211,12 +211,13 @@ class TorchNNSeq2Seq(nn.Module):
         self.register_buffer("pe", pe)
         self.scale = math.sqrt(D)
 
-    def forward(self, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, prev: torch.Tensor, pads: torch.Tensor | None) -> torch.Tensor:
         T = prev.size(1)
         x = self.embed(src) * self.scale + self.pe[: src.size(1)]  # (B, S, D)
         y = self.embed(prev) * self.scale + self.pe[:T]  # (B, T, D)
         mask = nn.Transformer.generate_square_subsequent_mask(T, device=src.device)
-        h = self.transformer(x, y, tgt_mask=mask, tgt_is_causal=True)
+        h = self.transformer(x, y, tgt_mask=mask, tgt_is_causal=True, src_key_padding_mask=pads,
+                             memory_key_padding_mask=pads)
         return self.out(h)  # (B, T, V)
 
 
@@ -227,6 +228,9 @@ def bench_baseline(name: str, model: nn.Module, args, device: torch.device, work
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                   fused=device.type in ("cpu", "cuda"))  # as nmt's
     batches = [collate(work.pairs, b).to(device) for b in work.batches]
+    # Known on the host before the loop, as nmt's collation knows it: a batch without
+    # source pads is attended without a mask, as nmt and fairseq do.
+    padded = [bool(b.src_tokens.eq(PAD_ID).any()) for b in batches]
     dtype = DTYPES[args.precision]
     scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
 
@@ -234,7 +238,8 @@ def bench_baseline(name: str, model: nn.Module, args, device: torch.device, work
         src, prev, target = batches[i].src_tokens, batches[i].prev_output_tokens, batches[i].target
         autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
         with autocast:
-            logits = model(src, prev)
+            pads = src.eq(PAD_ID) if padded[i] else None  # (B, S) True at pads
+            logits = model(src, prev, pads)
             if not torch.is_tensor(logits):
                 logits = logits.logits
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD_ID,
@@ -272,8 +277,9 @@ def marian_model(cfg: ModelConfig, vocab: int, max_len: int) -> nn.Module | None
             super().__init__()
             self.inner = model
 
-        def forward(self, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-            return self.inner(input_ids=src, decoder_input_ids=prev).logits
+        def forward(self, src: torch.Tensor, prev: torch.Tensor, pads: torch.Tensor | None) -> torch.Tensor:
+            attention_mask = None if pads is None else pads.logical_not().long()
+            return self.inner(input_ids=src, attention_mask=attention_mask, decoder_input_ids=prev).logits
 
     return Adapter()
 
@@ -311,8 +317,8 @@ def fairseq_model(cfg: ModelConfig, vocab: int) -> nn.Module | None:
             super().__init__()
             self.inner = model
 
-        def forward(self, src: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-            src_lengths = src.ne(PAD_ID).sum(1)
+        def forward(self, src: torch.Tensor, prev: torch.Tensor, pads: torch.Tensor | None) -> torch.Tensor:
+            src_lengths = src.ne(PAD_ID).sum(1)  # fairseq makes its own mask (none without pads)
             return self.inner(src, src_lengths, prev)[0]
 
     return Adapter()
@@ -385,9 +391,10 @@ def main() -> None:
     parser.add_argument("--arch", default="transformer_base", choices=sorted(ARCHITECTURES))
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--precision", default=None, choices=sorted(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
-    parser.add_argument("--batch-size", type=int, default=512, help="sentences per batch (B)")
-    parser.add_argument("--seq-len", type=int, default=32, help="tokens per sentence, source and target (L)")
-    parser.add_argument("--vocab", type=int, default=32000, help="shared vocabulary size (V)")
+    fixed_shape = {"batch_size": 512, "seq_len": 32, "vocab": 32000}  # defaults without --data-bin
+    parser.add_argument("--batch-size", type=int, help="sentences per batch (B; default 512)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sentence, source and target (L; default 32)")
+    parser.add_argument("--vocab", type=int, help="shared vocabulary size (V; default 32000)")
     parser.add_argument("--steps", type=int, default=20, help="timed updates per system")
     parser.add_argument("--warmup", type=int, default=5, help="untimed updates first (compilation, allocator)")
     parser.add_argument("--rounds", type=int, default=1,
@@ -408,9 +415,20 @@ def main() -> None:
     parser.add_argument("--share-all-embeddings", action="store_true", help="override the preset: one shared embedding matrix")
     parser.add_argument("--data-bin", default=None,
                         help="train on this data-bin's train split (real lengths and padding) instead of fixed-length "
-                        "random pairs; --batch-size, --seq-len and --vocab are then unused")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch with --data-bin")
+                        "random pairs; the corpus then sets what --batch-size, --seq-len and --vocab set")
+    parser.add_argument("--max-tokens", type=int, help="padded tokens per batch with --data-bin (default 4096)")
     args = parser.parse_args()
+    if args.data_bin:
+        given = [f"--{name.replace('_', '-')}" for name in fixed_shape if getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: the fixed-length batches' shape; with --data-bin the corpus sets it")
+        args.max_tokens = 4096 if args.max_tokens is None else args.max_tokens
+    elif args.max_tokens is not None:
+        parser.error("--max-tokens: cuts a --data-bin corpus into batches; without one, use --batch-size and --seq-len")
+    else:
+        for name, default in fixed_shape.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     if device.type == "cuda" and args.precision == "fp32":
