@@ -386,12 +386,32 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
     return results
 
 
+FIXED_SHAPE_DEFAULTS = {"batch_size": 512, "seq_len": 32, "vocab": 32000}
+MAX_TOKENS_DEFAULT = 4096
+
+
+def fill_batch_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Defaults for the options of the mode chosen (fixed shapes, or --data-bin); an
+    option of the other mode is an error rather than silently unused."""
+    if args.data_bin:
+        given = [f"--{name.replace('_', '-')}" for name in FIXED_SHAPE_DEFAULTS if getattr(args, name) is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: the fixed-length batches' shape; with --data-bin the corpus sets it")
+        if args.max_tokens is None:
+            args.max_tokens = MAX_TOKENS_DEFAULT
+    elif args.max_tokens is not None:
+        parser.error("--max-tokens: cuts a --data-bin corpus into batches; without one, use --batch-size and --seq-len")
+    else:
+        for name, default in FIXED_SHAPE_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="transformer_base", choices=sorted(ARCHITECTURES))
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     parser.add_argument("--precision", default=None, choices=sorted(DTYPES), help="default: bf16 on GPU, fp32 on CPU")
-    fixed_shape = {"batch_size": 512, "seq_len": 32, "vocab": 32000}  # defaults without --data-bin
     parser.add_argument("--batch-size", type=int, help="sentences per batch (B; default 512)")
     parser.add_argument("--seq-len", type=int, help="tokens per sentence, source and target (L; default 32)")
     parser.add_argument("--vocab", type=int, help="shared vocabulary size (V; default 32000)")
@@ -418,17 +438,7 @@ def main() -> None:
                         "random pairs; the corpus then sets what --batch-size, --seq-len and --vocab set")
     parser.add_argument("--max-tokens", type=int, help="padded tokens per batch with --data-bin (default 4096)")
     args = parser.parse_args()
-    if args.data_bin:
-        given = [f"--{name.replace('_', '-')}" for name in fixed_shape if getattr(args, name) is not None]
-        if given:
-            parser.error(f"{', '.join(given)}: the fixed-length batches' shape; with --data-bin the corpus sets it")
-        args.max_tokens = 4096 if args.max_tokens is None else args.max_tokens
-    elif args.max_tokens is not None:
-        parser.error("--max-tokens: cuts a --data-bin corpus into batches; without one, use --batch-size and --seq-len")
-    else:
-        for name, default in fixed_shape.items():
-            if getattr(args, name) is None:
-                setattr(args, name, default)
+    fill_batch_options(parser, args)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     args.precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     if device.type == "cuda" and args.precision == "fp32":
