@@ -228,17 +228,17 @@ def bench_baseline(name: str, model: nn.Module, args, device: torch.device, work
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
                                   fused=device.type in ("cpu", "cuda"))  # as nmt's
     batches = [collate(work.pairs, b).to(device) for b in work.batches]
-    # Known on the host before the loop, as nmt's collation knows it: a batch without
-    # source pads is attended without a mask, as nmt and fairseq do.
-    padded = [bool(b.src_tokens.eq(PAD_ID).any()) for b in batches]
     dtype = DTYPES[args.precision]
     scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
 
     def step(i: int) -> None:
-        src, prev, target = batches[i].src_tokens, batches[i].prev_output_tokens, batches[i].target
+        batch = batches[i]
+        src, prev, target = batch.src_tokens, batch.prev_output_tokens, batch.target
         autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
         with autocast:
-            pads = src.eq(PAD_ID) if padded[i] else None  # (B, S) True at pads
+            # As nmt and fairseq: a batch without source pads is attended without a mask
+            # (collate tells on the host, so the device is not asked).
+            pads = src.eq(PAD_ID) if batch.src_padded else None  # (B, S) True at pads
             logits = model(src, prev, pads)
             if not torch.is_tensor(logits):
                 logits = logits.logits
