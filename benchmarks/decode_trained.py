@@ -35,7 +35,7 @@ from pathlib import Path
 
 from common import PEER_PYTHON, machine_line, peer_bin, peer_env, peer_has, self_peak_rss_mib
 
-EOS, UNK, FIRST_SYMBOL = 2, 3, 4  # fairseq's numbering: <s> <pad> </s> <unk>, then dict.txt's symbols
+PAD, EOS, UNK, FIRST_SYMBOL = 1, 2, 3, 4  # fairseq's numbering: <s> <pad> </s> <unk>, then dict.txt's symbols
 MAX_LEN_B = 200  # fairseq-generate's default maximum output length (max_len_a 0)
 
 
@@ -87,9 +87,10 @@ def timed(run_pass, repeats: int) -> tuple[float, dict[int, list[int]]]:
 
 
 def torch_batches(torch, rows: list[list[int]], size: int):
+    """(indices, right-padded (B, S) id tensor) per batch of batch_order."""
     for indices in batch_order(rows, size):
         width = max(len(rows[i]) for i in indices)
-        tokens = torch.full((len(indices), width), 1, dtype=torch.long)  # 1: <pad>
+        tokens = torch.full((len(indices), width), PAD, dtype=torch.long)
         for j, i in enumerate(indices):
             tokens[j, : len(rows[i])] = torch.tensor(rows[i])
         yield indices, tokens
@@ -138,7 +139,7 @@ def measure_fairseq(args: argparse.Namespace) -> tuple[float, dict[int, list[int
     def run_pass():
         outputs = {}
         for indices, tokens in batches:
-            sample = {"net_input": {"src_tokens": tokens, "src_lengths": tokens.ne(1).sum(1)}}
+            sample = {"net_input": {"src_tokens": tokens, "src_lengths": tokens.ne(PAD).sum(1)}}
             for i, hyps in zip(indices, generator.generate([model], sample)):
                 outputs[i] = hyps[0]["tokens"].tolist()
         return outputs
@@ -188,12 +189,18 @@ def prepare(args: argparse.Namespace) -> None:
     """The fairseq checkpoint imported into nmt and converted for CTranslate2, in the work dir."""
     checkpoint, dicts = args.run_dir / "run" / "checkpoint_last.pt", args.run_dir / "data-bin"
     langs = ["--source_lang", args.source_lang, "--target_lang", args.target_lang]
-    subprocess.run([peer_bin("ct2-fairseq-converter"), "--model_path", str(checkpoint), "--data_dir", str(dicts), *langs,
-                    "--output_dir", str(args.work_dir / "ct2"), "--unsafe_deserialization"],
-                   check=True, capture_output=True, env=peer_env())
-    subprocess.run([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(dicts),
-                    "--out", str(args.work_dir / "nmt-run"), "-s", args.source_lang, "-t", args.target_lang],
-                   check=True, capture_output=True)
+    run_or_exit([peer_bin("ct2-fairseq-converter"), "--model_path", str(checkpoint), "--data_dir", str(dicts), *langs,
+                 "--output_dir", str(args.work_dir / "ct2"), "--unsafe_deserialization"], peer_env())
+    run_or_exit([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(dicts),
+                 "--out", str(args.work_dir / "nmt-run"), "-s", args.source_lang, "-t", args.target_lang])
+
+
+def run_or_exit(command: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `command`; if it fails, exit with its last error line."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        sys.exit(f"error: {Path(command[0]).name} {' '.join(command[1:3])} failed: {lines[-1] if lines else proc.returncode}")
 
 
 def nmt_precisions() -> list[str]:
@@ -240,6 +247,11 @@ def main(argv: list[str] | None = None) -> None:
         results = {name: run_system(args, argv, system) for name, system in systems.items()}
     finally:
         shutil.rmtree(args.work_dir, ignore_errors=True)
+    report(results, sentences)
+
+
+def report(results: dict[str, dict | str], sentences: int) -> None:
+    """One line per system (nmt's first), then nmt's ratios to CTranslate2 and to the best peer."""
     reference = results["fairseq"]["outputs"] if isinstance(results["fairseq"], dict) else None
     speed = {}
     for name, result in sorted(results.items(), key=lambda item: item[0].startswith("nmt"), reverse=True):
