@@ -206,6 +206,8 @@ class TranslateConfig:
     batch_size: int | None = None
     device: str = "cpu"
     threads: int | None = None
+    # Processes translating at once on a CPU, each with its own model (decode/workers.py).
+    workers: int = 1
     precision: str = "fp32"
     # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only.
     # None: on with a CUDA device, where it decodes several times faster.
@@ -235,6 +237,10 @@ class TranslateConfig:
             raise NmtError(f"--threads must be >= 1 (got {self.threads})")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise NmtError(f"--device must be cpu, cuda or cuda:N (got {self.device!r})")
+        if self.workers < 1:
+            raise NmtError(f"--workers must be >= 1 (got {self.workers})")
+        if self.workers > 1 and self.device != "cpu":
+            raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
 
 
 # --- preprocessing (nmt preprocess) ----------------------------------------------------

@@ -411,6 +411,47 @@ def test_bad_ids_input_names_the_line_and_text_mode_prints_one_line_with_nbest(r
     assert nbest.exit_code == 0 and len(nbest.stdout.splitlines()) == 3
 
 
+# --- worker processes (--workers) ---------------------------------------------------------
+
+
+def test_workers_give_the_same_lines_in_the_same_order(run_dir):
+    lines = generated_sentences(30, seed=11)
+    lines[4:4] = ["", "   "]  # blank lines keep their place
+    text = "\n".join(lines) + "\n"
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    # Chunks of 7 lines: shares of 4 and 3, and a last chunk of 4.
+    alone = nmt("--path", ckpt, *FAST, "--output-format", "bpe", "--buffer-size", "7", input=text)
+    shared = nmt("--path", ckpt, *FAST, "--output-format", "bpe", "--buffer-size", "7", "--workers", "2", input=text)
+    assert alone.exit_code == 0 and shared.exit_code == 0, shared.stderr
+    assert shared.stdout == alone.stdout
+    assert len(shared.stdout.split("\n")) - 1 == len(lines)
+
+
+def test_an_error_in_a_workers_share_is_one_line_naming_the_line(run_dir):
+    # Shares are dealt longest line first: the main process takes line 1, the worker line 2.
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", "ids", "--workers", "2",
+                 input="5 6 7 8 9\n5 x\n")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == ["error: --input-format ids: not a list of integers at <stdin>:2"]
+
+
+def test_a_bad_checkpoint_with_workers_is_one_error_line(tmp_path):
+    (tmp_path / "broken.pt").write_bytes(b"not a checkpoint")
+    result = nmt("--path", str(tmp_path / "broken.pt"), *FAST, "--workers", "2", input="the dog\n")
+    assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "broken.pt" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--workers", "0"), "--workers must be >= 1"),
+    (("--workers", "2", "--device", "cuda"), "--workers needs --device cpu"),
+])
+def test_workers_values_that_cannot_work_are_one_error_line(run_dir, flags, message):
+    args = [a for a in FAST if a not in ("--device", "cpu")] if "cuda" in flags else FAST
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *args, *flags, input="the dog\n")
+    assert result.exit_code == 1 and message in result.stderr
+
+
 # --- scores at the edges of float32 -------------------------------------------------------
 
 

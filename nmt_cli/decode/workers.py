@@ -1,0 +1,158 @@
+"""Translation in several processes at once on a CPU (`nmt translate --workers N`).
+
+One process with N threads splits each operator of a decoding step across the cores,
+and a small model's step is hundreds of operators too small to split well: on two cores
+of a Xeon, two threads translated Multi30k 1.6x as fast as one, two processes of one
+thread each 1.9x (benchmarks/README.md). With --workers N the main process and N - 1
+worker processes, each with its own copy of the model, translate a share of every chunk
+of input lines at the same time; the shares are put back into input order before
+anything is written, so the output is the same, line for line, as with one process.
+
+The workers are started with "spawn" (a fork of a process whose OpenMP threads have run
+can hang), load the model once, and then answer one request per chunk over a pipe. A
+worker's error comes back to the main process and is raised there: the CLI reports it
+as it would its own.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+from nmt_cli.config import TranslateConfig
+from nmt_cli.decode.lines import InputLine
+from nmt_cli.decode.translator import Translation, Translator
+from nmt_cli.errors import NmtError
+
+
+def shares_by_length(lines: list[InputLine], count: int) -> list[list[int]]:
+    """Indices of `lines` dealt into `count` shares of similar lengths: longest first, in
+    turn, so that every share gets its part of the long and of the short lines."""
+    order = sorted(range(len(lines)), key=lambda i: -len(lines[i].text))
+    return [order[k::count] for k in range(count)]
+
+
+class ParallelTranslator:
+    """A Translator's `translate` and `format`, each chunk shared with worker processes.
+
+    Made with `cfg`, it starts `workers - 1` processes, which load the model while the
+    main process loads its own; `use(local)` then takes the main process's Translator
+    (it translates the first share of each chunk) and waits for the workers. Use as a
+    context manager: leaving it stops them.
+    """
+
+    def __init__(self, cfg: TranslateConfig, workers: int) -> None:
+        self.local: Translator | None = None
+        context = multiprocessing.get_context("spawn")
+        self.workers: list[tuple[Any, Connection]] = []
+        for _ in range(workers - 1):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_serve, args=(theirs, cfg), daemon=True, name="nmt translate worker")
+            process.start()
+            theirs.close()
+            self.workers.append((process, ours))
+
+    def use(self, local: Translator) -> "ParallelTranslator":
+        """Translate with `local` too, once every worker has loaded the model."""
+        for process, connection in self.workers:
+            _answer(process, connection)  # ready, or the error that stopped it
+        self.local = local
+        return self
+
+    def __enter__(self) -> "ParallelTranslator":
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        for process, connection in self.workers:
+            if exc_type is None:
+                try:
+                    connection.send(None)  # finish
+                except OSError:
+                    pass
+                process.join(timeout=10)
+            if process.is_alive():  # on an error, or a worker that does not stop: no waiting
+                process.terminate()
+                process.join()
+            connection.close()
+
+    def format(self, translation: Translation) -> str:
+        assert self.local is not None, "use() first"
+        return self.local.format(translation)
+
+    def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
+        assert self.local is not None, "use() first"
+        shares = shares_by_length(lines, len(self.workers) + 1)
+        busy = []
+        for (process, connection), share in zip(self.workers, shares[1:]):
+            if share:
+                connection.send(([lines[i] for i in share], source_name))
+                busy.append((process, connection, share))
+        translations: list[Translation | None] = [None] * len(lines)
+        for i, translation in zip(shares[0], self.local.translate([lines[i] for i in shares[0]], source_name)):
+            translations[i] = translation
+        for process, connection, share in busy:
+            for i, translation in zip(share, _answer(process, connection)):
+                translations[i] = translation
+        return translations  # type: ignore[return-value]  # every index is in one share
+
+
+def _answer(process: Any, connection: Connection) -> Any:
+    """A worker's next answer; its error raised here."""
+    try:
+        status, value = connection.recv()
+    except (EOFError, OSError):
+        process.join(timeout=5)
+        raise NmtError(f"a translation worker stopped unexpectedly (exit code {process.exitcode})") from None
+    if status == "error":
+        raise value
+    return value
+
+
+def _serve(connection: Connection, cfg: TranslateConfig) -> None:
+    """A worker process: load the model, then translate each share sent until None."""
+    import click
+    import torch
+
+    from nmt_cli.host_memory import keep_freed_memory
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    torch.set_num_threads(cfg.threads or 1)
+    keep_freed_memory()
+    torch.manual_seed(cfg.decode.seed)
+    loading = True  # the main process has already given the warnings that loading gives
+
+    def warn(message: str) -> None:
+        if not loading:
+            click.echo(message, err=True)
+
+    try:
+        translator = Translator(cfg, warn)
+    except BaseException as error:  # noqa: BLE001 - sent to the main process, which raises it
+        connection.send(("error", _sendable(error)))
+        return
+    loading = False
+    connection.send(("ready", None))
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:  # the main process is gone
+            return
+        if request is None:
+            return
+        try:
+            connection.send(("ok", translator.translate(*request)))
+        except BaseException as error:  # noqa: BLE001 - as above
+            connection.send(("error", _sendable(error)))
+
+
+def _sendable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling (NmtError does), else a RuntimeError with its text."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any unpicklable exception
+        return RuntimeError(f"{type(error).__name__}: {error}")
