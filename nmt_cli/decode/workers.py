@@ -1,12 +1,16 @@
 """Translation in several processes at once on a CPU (`nmt translate --workers N`).
 
 One process with N threads splits each operator of a decoding step across the cores,
-and a small model's step is hundreds of operators too small to split well: on two cores
-of a Xeon, two threads translated Multi30k 1.6x as fast as one, two processes of one
-thread each 1.9x (benchmarks/README.md). With --workers N the main process and N - 1
-worker processes, each with its own copy of the model, translate a share of every chunk
-of input lines at the same time; the shares are put back into input order before
-anything is written, so the output is the same, line for line, as with one process.
+and a small model's step is hundreds of operators, many too small to split well. N
+processes instead each decode batches of their own, as CTranslate2's `inter_threads`
+do. With --workers N the main process and N - 1 worker processes, each with its own
+copy of the model, translate a share of every chunk of input lines at the same time;
+the shares are put back into input order before anything is written, so the output is
+the same, line for line, as with one process. (Warnings about single lines come from
+the process that translates them, so they may appear out of line order.) Measured on
+two cores (benchmarks/README.md): two single-threaded processes decoding batches of 64
+ran ~1.9x one, where two threads gave 1.6x; with translate's default batches, and one
+more model to load, --workers 2 was level with --threads 2.
 
 The workers are started with "spawn" (a fork of a process whose OpenMP threads have run
 can hang), load the model once, and then answer one request per chunk over a pipe. A
@@ -17,6 +21,7 @@ as it would its own.
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import signal
 from multiprocessing.connection import Connection
 from typing import Any
@@ -121,7 +126,7 @@ def _serve(connection: Connection, cfg: TranslateConfig) -> None:
     torch.set_num_threads(cfg.threads or 1)
     keep_freed_memory()
     torch.manual_seed(cfg.decode.seed)
-    loading = True  # the main process has already given the warnings that loading gives
+    loading = True  # the main process gives the warnings that loading gives
 
     def warn(message: str) -> None:
         if not loading:
@@ -149,8 +154,6 @@ def _serve(connection: Connection, cfg: TranslateConfig) -> None:
 
 def _sendable(error: BaseException) -> BaseException:
     """`error` if it survives pickling (NmtError does), else a RuntimeError with its text."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(error))
         return error
