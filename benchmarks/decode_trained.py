@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=4, help="beam size (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of every system (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed passes per system; the fastest counts (default: %(default)s)")
-    p.add_argument("--system", default=None, help=argparse.SUPPRESS)  # nmt:<precision>, fairseq, ct2:<type>:<workers>
+    p.add_argument("--system", default=None, help=argparse.SUPPRESS)  # nmt:<precision>:<workers>, fairseq, ct2:<type>:<workers>
     p.add_argument("--work-dir", type=Path, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -119,6 +120,36 @@ def measure_nmt(args: argparse.Namespace, precision: str) -> tuple[float, dict[i
         return outputs
 
     with torch.inference_mode():
+        return timed(run_pass, args.repeats)
+
+
+def measure_nmt_workers(args: argparse.Namespace, precision: str, workers: int) -> tuple[float, dict[int, list[int]]]:
+    """`nmt translate --workers`: this process and workers - 1 more, on --threads / workers
+    threads each, share the sentences (given as ids, in batches of --batch-size)."""
+    import torch
+
+    from nmt_cli.config import DecodeConfig, TranslateConfig
+    from nmt_cli.decode.lines import InputLine
+    from nmt_cli.decode.translator import Translator
+    from nmt_cli.decode.workers import ParallelTranslator
+    from nmt_cli.host_memory import keep_freed_memory
+
+    keep_freed_memory()
+    threads = args.threads // workers
+    torch.set_num_threads(threads)
+    rows = source_rows(args)
+    cfg = TranslateConfig(
+        checkpoints=(str(args.work_dir / "nmt-run" / "checkpoint.pt"),),
+        decode=DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=MAX_LEN_B), input_format="ids",
+        output_format="bpe", buffer_size=len(rows), batch_size=args.batch_size, threads=threads, workers=workers,
+        precision=precision, quiet=True)
+    lines = [InputLine(number + 1, " ".join(map(str, row[:-1]))) for number, row in enumerate(rows)]
+    with ParallelTranslator(cfg, workers) as pool:
+        translator = pool.use(Translator(cfg, warn=lambda message: print(message, file=sys.stderr)))
+
+        def run_pass():
+            return {i: t.hypotheses[0].tokens for i, t in enumerate(translator.translate(lines, "test"))}
+
         return timed(run_pass, args.repeats)
 
 
@@ -217,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.system is not None:  # one system, in its own process
+        worker_processes = 0  # nmt's, besides this one
         if args.system.startswith("ct2:"):  # before importing torch: the memory is CTranslate2's alone
             _, compute_type, workers = args.system.split(":")
             seconds, outputs = measure_ct2(args, compute_type, int(workers))
@@ -227,9 +259,16 @@ def main(argv: list[str] | None = None) -> None:
             if args.system == "fairseq":
                 seconds, outputs = measure_fairseq(args)
             else:
-                seconds, outputs = measure_nmt(args, args.system.split(":", 1)[1])
+                _, precision, workers = args.system.split(":")
+                worker_processes = int(workers) - 1
+                if worker_processes == 0:
+                    seconds, outputs = measure_nmt(args, precision)
+                else:
+                    seconds, outputs = measure_nmt_workers(args, precision, int(workers))
+        # nmt's worker processes have ended: the largest one's peak counts for each of them.
+        workers_peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         print(json.dumps({"seconds": seconds, "outputs": [outputs[i] for i in sorted(outputs)],
-                          "peak_rss_mib": self_peak_rss_mib()}))
+                          "peak_rss_mib": self_peak_rss_mib() + worker_processes * workers_peak_mib}))
         return
 
     for needed in (args.run_dir / "run" / "checkpoint_last.pt", args.run_dir / "text" / f"test.{args.source_lang}"):
@@ -247,7 +286,10 @@ def main(argv: list[str] | None = None) -> None:
         systems = {"fairseq": "fairseq", "ct2 float32": "ct2:float32:1", "ct2 int8": "ct2:int8:1"}
         if args.threads > 1:  # CTranslate2's way to use several cores for throughput: a worker per core
             systems.update({f"ct2 {kind}, {args.threads} workers": f"ct2:{kind}:{args.threads}" for kind in ("float32", "int8")})
-        systems.update({f"nmt {precision}": f"nmt:{precision}" for precision in nmt_precisions()})
+        for precision in nmt_precisions():
+            systems[f"nmt {precision}"] = f"nmt:{precision}:1"
+            if args.threads > 1:  # nmt translate --workers, the counterpart of CTranslate2's workers
+                systems[f"nmt {precision}, {args.threads} workers"] = f"nmt:{precision}:{args.threads}"
         results = {name: run_system(args, argv, system) for name, system in systems.items()}
     finally:
         shutil.rmtree(args.work_dir, ignore_errors=True)
@@ -267,12 +309,13 @@ def report(results: dict[str, dict | str], sentences: int) -> None:
         same = "" if reference is None else f", {sum(a == b for a, b in zip(outputs, reference))} outputs as fairseq's"
         print(f"{name:<22} {sentences} sentences in {seconds:6.2f} s: {speed[name]:7.1f} sentences/s "
               f"{sum(map(len, outputs)) / seconds:8.0f} target tokens/s, peak RSS {result['peak_rss_mib']:.0f} MiB{same}")
-    for ours, ct2_rows in (("nmt fp32", "ct2 float32"), ("nmt int8", "ct2 int8"), ("nmt bf16", "ct2 int8")):
-        # Against CTranslate2's faster configuration at that precision (threaded or workers).
-        theirs = {name: value for name, value in speed.items() if name.startswith(ct2_rows)}
-        if ours in speed and theirs:
-            fastest = max(theirs, key=theirs.get)
-            print(f"ratio {ours} / {fastest}: {speed[ours] / theirs[fastest]:.2f}x sentences/s")
+    for nmt_rows, ct2_rows in (("nmt fp32", "ct2 float32"), ("nmt int8", "ct2 int8"), ("nmt bf16", "ct2 int8")):
+        # Each system's faster configuration at that precision (threads or workers).
+        nmt_speeds = {name: value for name, value in speed.items() if name.startswith(nmt_rows)}
+        ct2_speeds = {name: value for name, value in speed.items() if name.startswith(ct2_rows)}
+        if nmt_speeds and ct2_speeds:
+            mine, theirs = max(nmt_speeds, key=nmt_speeds.get), max(ct2_speeds, key=ct2_speeds.get)
+            print(f"ratio {mine} / {theirs}: {nmt_speeds[mine] / ct2_speeds[theirs]:.2f}x sentences/s")
     peers = {name: value for name, value in speed.items() if not name.startswith("nmt")}
     ours = {name: value for name, value in speed.items() if name.startswith("nmt")}
     if peers and ours:

@@ -8,9 +8,9 @@ copy of the model, translate a share of every chunk of input lines at the same t
 the shares are put back into input order before anything is written, so the output is
 the same, line for line, as with one process. (Warnings about single lines come from
 the process that translates them, so they may appear out of line order.) Measured on
-two cores (benchmarks/README.md): two single-threaded processes decoding batches of 64
-ran ~1.9x one, where two threads gave 1.6x; with translate's default batches, and one
-more model to load, --workers 2 was level with --threads 2.
+two cores (benchmarks/README.md): decoding Multi30k in batches of 64, two workers ran
+1.16-1.48x as fast as two threads; with translate's default batches, and one more
+model to load, --workers 2 was level with --threads 2.
 
 The workers are started with "spawn" (a fork of a process whose OpenMP threads have run
 can hang), load the model once, and then answer one request per chunk over a pipe. A
