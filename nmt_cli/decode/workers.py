@@ -5,12 +5,15 @@ and a small model's step is hundreds of operators, many too small to split well.
 processes instead each decode batches of their own, as CTranslate2's `inter_threads`
 do. With --workers N the main process and N - 1 worker processes, each with its own
 copy of the model, translate a share of every chunk of input lines at the same time;
-the shares are put back into input order before anything is written, so the output is
-the same, line for line, as with one process. (Warnings about single lines come from
-the process that translates them, so they may appear out of line order.) Measured on
-two cores (benchmarks/README.md): decoding Multi30k in batches of 64, two workers ran
-1.16-1.48x as fast as two threads; with translate's default batches, and one more
-model to load, --workers 2 was level with --threads 2.
+the shares are put back into input order before anything is written: one output line
+per input line, in order. Each share is batched apart, so a sentence can meet other
+batch companions than with one process; where its result depends on them (bf16
+products round by the batch's shape) a few lines differ, as with another --max-tokens.
+(Warnings about single lines come from the process that translates them, so they may
+appear out of line order.) Measured on two cores (README.md, benchmarks/README.md):
+decoding Multi30k in batches of 64, two workers ran 1.16-1.48x as fast as two threads;
+with translate's default batches, and one more model to load, --workers 2 was level
+with --threads 2 in float32 and 10% faster in bf16.
 
 The workers are started with "spawn" (a fork of a process whose OpenMP threads have run
 can hang), load the model once, and then answer one request per chunk over a pipe. A
