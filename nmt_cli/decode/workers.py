@@ -8,7 +8,8 @@ copy of the model, translate a share of every chunk of input lines at the same t
 the shares are put back into input order before anything is written: one output line
 per input line, in order. Each share is batched apart, so a sentence can meet other
 batch companions than with one process; where its result depends on them (bf16
-products round by the batch's shape) a few lines differ, as with another --max-tokens.
+products round by the batch's shape; attention sums over the batch's padded length) a
+few lines differ, as with another --max-tokens.
 (Warnings about single lines come from the process that translates them, so they may
 appear out of line order.) Measured on two cores (README.md, benchmarks/README.md):
 decoding Multi30k in batches of 64, two workers ran 1.16-1.48x as fast as two threads;
