@@ -7,9 +7,11 @@ Standard library only: the scripts also run inside the peer environment
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -43,6 +45,35 @@ def peer_env(threads: int | None = None) -> dict[str, str]:
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
+
+
+def json_result(command: list[str], env: dict[str, str] | None = None) -> dict | str:
+    """Run a benchmark's subprocess (a peer, or one system in a process of its own): its
+    last stdout line parsed as JSON, or "failed: <its last error line>"."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        return f"failed: {lines[-1] if lines else proc.returncode}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_or_exit(command: list[str], env: dict[str, str] | None = None) -> None:
+    """Run `command`; if it fails, exit with its last error line."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines()
+        sys.exit(f"error: {Path(command[0]).name} {' '.join(command[1:3])} failed: {lines[-1] if lines else proc.returncode}")
+
+
+def convert_fairseq_checkpoint(checkpoint: Path, dict_dir: Path, source_lang: str, target_lang: str, out: Path) -> None:
+    """A fairseq checkpoint for the other systems: converted for CTranslate2 into out/ct2
+    (the peer environment's ct2-fairseq-converter) and imported into nmt as out/nmt-run
+    (`nmt import-fairseq`, with this process's python)."""
+    run_or_exit([peer_bin("ct2-fairseq-converter"), "--model_path", str(checkpoint), "--data_dir", str(dict_dir),
+                 "--source_lang", source_lang, "--target_lang", target_lang, "--output_dir", str(out / "ct2"),
+                 "--unsafe_deserialization"], peer_env())
+    run_or_exit([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(dict_dir),
+                 "--out", str(out / "nmt-run"), "-s", source_lang, "-t", target_lang])
 
 
 # ---------------------------------------------------------------- memory of a process tree

@@ -36,7 +36,8 @@ import time
 import zlib
 from pathlib import Path
 
-from common import PEER_PYTHON, machine_line, peer_bin, peer_env, peer_has, self_peak_rss_mib
+from common import (PEER_PYTHON, convert_fairseq_checkpoint, json_result, machine_line, peer_env, peer_has,
+                    self_peak_rss_mib)
 
 HERE = Path(__file__).resolve().parent
 # Its own environment (git-ignored as any .venv/): other benchmarks install other peers elsewhere.
@@ -284,10 +285,8 @@ def run_peer(args: argparse.Namespace, argv: list[str]) -> float | str:
     check = subprocess.run([str(python), "-c", "from transformers import MarianMTModel"], capture_output=True)
     if check.returncode != 0:
         return "skipped (not installed; run with --setup-peer)"
-    proc = subprocess.run([str(python), __file__, *argv, "--system", "hf"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["seconds"])
+    out = json_result([str(python), __file__, *argv, "--system", "hf"])
+    return out if isinstance(out, str) else float(out["seconds"])
 
 
 def fairseq_flags(args: argparse.Namespace) -> list[str]:
@@ -386,10 +385,7 @@ def measure_nmt_imported(args: argparse.Namespace, checkpoint: Path, precision: 
 def run_in_peer_env(args: argparse.Namespace, argv: list[str], system: str, *extra: str) -> dict | str:
     """Run one --system of this file with benchmarks/.venv's python; its last stdout line is JSON."""
     command = [str(PEER_PYTHON), __file__, *argv, "--system", system, "--work-dir", str(args.work_dir), *extra]
-    proc = subprocess.run(command, capture_output=True, text=True, env=peer_env(args.threads))
-    if proc.returncode != 0:
-        return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json_result(command, peer_env(args.threads))
 
 
 def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float | str]:
@@ -404,12 +400,7 @@ def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float 
     made = run_in_peer_env(args, argv, "fairseq-checkpoint")
     if isinstance(made, str):
         return {"fairseq": made}
-    checkpoint = args.work_dir / "checkpoint.pt"
-    subprocess.run([peer_bin("ct2-fairseq-converter"), "--model_path", str(checkpoint), "--data_dir", str(args.work_dir),
-                    "--source_lang", "src", "--target_lang", "tgt", "--output_dir", str(args.work_dir / "ct2"),
-                    "--unsafe_deserialization"], check=True, capture_output=True, env=peer_env())
-    subprocess.run([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(args.work_dir),
-                    "--out", str(args.work_dir / "nmt-run"), "-s", "src", "-t", "tgt"], check=True, capture_output=True)
+    convert_fairseq_checkpoint(args.work_dir / "checkpoint.pt", args.work_dir, "src", "tgt", args.work_dir)
     imported = args.work_dir / "nmt-run" / "checkpoint.pt"
     results: dict[str, float | str] = {
         f"nmt beam{args.beam}, fairseq weights": measure_nmt_imported(args, imported, args.precision)}

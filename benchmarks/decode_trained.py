@@ -28,13 +28,13 @@ import argparse
 import json
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import PEER_PYTHON, machine_line, peer_bin, peer_env, peer_has, self_peak_rss_mib
+from common import (PEER_PYTHON, convert_fairseq_checkpoint, json_result, machine_line, peer_env, peer_has,
+                    self_peak_rss_mib)
 
 PAD, EOS, UNK, FIRST_SYMBOL = 1, 2, 3, 4  # fairseq's numbering: <s> <pad> </s> <unk>, then dict.txt's symbols
 MAX_LEN_B = 200  # fairseq-generate's default maximum output length (max_len_a 0)
@@ -126,23 +126,18 @@ def measure_nmt(args: argparse.Namespace, precision: str) -> tuple[float, dict[i
 def measure_nmt_workers(args: argparse.Namespace, precision: str, workers: int) -> tuple[float, dict[int, list[int]]]:
     """`nmt translate --workers`: this process and workers - 1 more, on --threads / workers
     threads each, share the sentences (given as ids, in batches of --batch-size)."""
-    import torch
-
     from nmt_cli.config import DecodeConfig, TranslateConfig
     from nmt_cli.decode.lines import InputLine
-    from nmt_cli.decode.translator import Translator
+    from nmt_cli.decode.translator import Translator, prepare_process
     from nmt_cli.decode.workers import ParallelTranslator
-    from nmt_cli.host_memory import keep_freed_memory
 
-    keep_freed_memory()
-    threads = args.threads // workers
-    torch.set_num_threads(threads)
     rows = source_rows(args)
     cfg = TranslateConfig(
         checkpoints=(str(args.work_dir / "nmt-run" / "checkpoint.pt"),),
         decode=DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=MAX_LEN_B), input_format="ids",
-        output_format="bpe", buffer_size=len(rows), batch_size=args.batch_size, threads=threads, workers=workers,
-        precision=precision, quiet=True)
+        output_format="bpe", buffer_size=len(rows), batch_size=args.batch_size, threads=args.threads // workers,
+        workers=workers, precision=precision, quiet=True)
+    prepare_process(cfg)  # as translate does
     lines = [InputLine(number + 1, " ".join(map(str, row[:-1]))) for number, row in enumerate(rows)]
     with ParallelTranslator(cfg, workers) as pool:
         translator = pool.use(Translator(cfg, warn=lambda message: print(message, file=sys.stderr)))
@@ -210,29 +205,7 @@ def run_system(args: argparse.Namespace, argv: list[str], system: str) -> dict |
         python = sys.executable
         del env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"]
     command = [python, __file__, *argv, "--system", system, "--work-dir", str(args.work_dir)]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        return f"failed: {lines[-1] if lines else proc.returncode}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def prepare(args: argparse.Namespace) -> None:
-    """The fairseq checkpoint imported into nmt and converted for CTranslate2, in the work dir."""
-    checkpoint, dicts = args.run_dir / "run" / "checkpoint_last.pt", args.run_dir / "data-bin"
-    langs = ["--source_lang", args.source_lang, "--target_lang", args.target_lang]
-    run_or_exit([peer_bin("ct2-fairseq-converter"), "--model_path", str(checkpoint), "--data_dir", str(dicts), *langs,
-                 "--output_dir", str(args.work_dir / "ct2"), "--unsafe_deserialization"], peer_env())
-    run_or_exit([sys.executable, "-m", "nmt_cli", "import-fairseq", str(checkpoint), "--dict-dir", str(dicts),
-                 "--out", str(args.work_dir / "nmt-run"), "-s", args.source_lang, "-t", args.target_lang])
-
-
-def run_or_exit(command: list[str], env: dict[str, str] | None = None) -> None:
-    """Run `command`; if it fails, exit with its last error line."""
-    proc = subprocess.run(command, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines()
-        sys.exit(f"error: {Path(command[0]).name} {' '.join(command[1:3])} failed: {lines[-1] if lines else proc.returncode}")
+    return json_result(command, env)
 
 
 def nmt_precisions() -> list[str]:
@@ -282,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
           f"at most {MAX_LEN_B} tokens, length penalty 1, {args.threads} threads")
     args.work_dir = Path(tempfile.mkdtemp(prefix="nmt-decode-trained-"))
     try:
-        prepare(args)
+        convert_fairseq_checkpoint(args.run_dir / "run" / "checkpoint_last.pt", args.run_dir / "data-bin",
+                                   args.source_lang, args.target_lang, args.work_dir)
         systems = {"fairseq": "fairseq", "ct2 float32": "ct2:float32:1", "ct2 int8": "ct2:int8:1"}
         if args.threads > 1:  # CTranslate2's way to use several cores for throughput: a worker per core
             systems.update({f"ct2 {kind}, {args.threads} workers": f"ct2:{kind}:{args.threads}" for kind in ("float32", "int8")})

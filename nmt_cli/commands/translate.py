@@ -140,18 +140,11 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
 def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     """Translate `input_path` into `output_path` ("-": stdin / stdout)."""
     refuse_overwriting_input(output_path, input_path)
-    import torch
-
     from nmt_cli.decode.lines import chunks, read_lines
-    from nmt_cli.decode.translator import Translator
+    from nmt_cli.decode.translator import Translator, prepare_process
     from nmt_cli.decode.workers import ParallelTranslator
-    from nmt_cli.host_memory import keep_freed_memory
 
-    if cfg.threads is not None or cfg.workers > 1:
-        torch.set_num_threads(cfg.threads or 1)
-    if torch.device(cfg.device).type == "cpu":
-        keep_freed_memory()
-    torch.manual_seed(cfg.decode.seed)
+    prepare_process(cfg)
     source_name = "<stdin>" if input_path == "-" else input_path
     with ExitStack() as stack:
         # Opened first: a missing input is the error reported, even beside a bad checkpoint.

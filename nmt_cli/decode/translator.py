@@ -30,6 +30,19 @@ from nmt_cli.models import packed
 DEFAULT_MAX_TOKENS = 4096
 
 
+def prepare_process(cfg: TranslateConfig) -> None:
+    """The process settings translation runs under, in the main process and in each of
+    --workers: torch's threads (one per process with workers, unless --threads says), the
+    C library's reuse of freed memory on a CPU, and the seed."""
+    from nmt_cli.host_memory import keep_freed_memory
+
+    if cfg.threads is not None or cfg.workers > 1:
+        torch.set_num_threads(cfg.threads or 1)
+    if torch.device(cfg.device).type == "cpu":
+        keep_freed_memory()
+    torch.manual_seed(cfg.decode.seed)
+
+
 @dataclass
 class Translation:
     number: int  # input line number

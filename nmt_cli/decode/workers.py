@@ -32,7 +32,7 @@ from typing import Any
 
 from nmt_cli.config import TranslateConfig
 from nmt_cli.decode.lines import InputLine
-from nmt_cli.decode.translator import Translation, Translator
+from nmt_cli.decode.translator import Translation, Translator, prepare_process
 from nmt_cli.errors import NmtError
 
 
@@ -122,14 +122,9 @@ def _answer(process: Any, connection: Connection) -> Any:
 def _serve(connection: Connection, cfg: TranslateConfig) -> None:
     """A worker process: load the model, then translate each share sent until None."""
     import click
-    import torch
-
-    from nmt_cli.host_memory import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    torch.set_num_threads(cfg.threads or 1)
-    keep_freed_memory()
-    torch.manual_seed(cfg.decode.seed)
+    prepare_process(cfg)
     loading = True  # the main process gives the warnings that loading gives
 
     def warn(message: str) -> None:
