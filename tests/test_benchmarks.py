@@ -46,7 +46,7 @@ def decode_rates(line: str) -> tuple[int, float, float]:
 
 
 def printed_ratio(line: str) -> float:
-    match = re.search(rf": (?:nmt = )?{NUMBER}x", line)
+    match = re.search(rf": {NUMBER}x", line)
     assert match, line
     return figure(match[1])
 
