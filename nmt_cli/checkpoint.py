@@ -124,8 +124,19 @@ def check_finite_weights(weights: dict[str, torch.Tensor], source: str | os.Path
     """NmtError naming the first tensor of `weights` that holds NaN or inf: such a model
     translates every line to nothing (a diverged run, or a damaged file)."""
     for key, tensor in weights.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if tensor.is_floating_point() and not all_finite(tensor):
             raise NmtError(f"{source}: weight {key} holds NaN or infinite values (a diverged run or a damaged file)")
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """No entry of a floating-point tensor is NaN or infinite.
+
+    A sum is NaN or infinite when an entry is, and it is one pass with nothing written;
+    `isfinite(...).all()` writes a byte per entry and reads it again, ~28x slower on a
+    CPU (1.2 s of loading transformer_big). Finite entries can overflow a sum too, so
+    only a sum that is not finite asks the exact question.
+    """
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], source: str | os.PathLike) -> None:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 import nmt_cli.checkpoint as checkpoint_module
 from nmt_cli.checkpoint import (
     FORMAT_VERSION,
+    all_finite,
     load_checkpoint,
     model_from_checkpoint,
     model_state_for_checkpoint,
@@ -105,6 +106,19 @@ def test_shared_embeddings_stay_tied_after_loading(tmp_path: Path) -> None:
     assert weight is restored.decoder.output_projection.weight
     assert torch.equal(weight, model.encoder.embed_tokens.weight)
     assert count_parameters(restored) == count_parameters(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_all_finite_finds_nan_and_inf_and_survives_a_sum_that_overflows(dtype: torch.dtype) -> None:
+    big = torch.finfo(dtype).max / 2
+    assert all_finite(torch.randn(64, 32).to(dtype))
+    assert all_finite(torch.full((8,), big, dtype=dtype))  # finite entries whose sum is not
+    assert all_finite(torch.tensor([big, -big, big], dtype=dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        weights = torch.randn(64, 32).to(dtype)
+        weights[17, 5] = bad
+        assert not all_finite(weights)
+        assert not all_finite(torch.tensor([big, big, bad], dtype=dtype))
 
 
 def test_weights_of_another_architecture_are_refused(tmp_path: Path) -> None:
