@@ -38,6 +38,24 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_THRESHOLD, LARGEST_HEAP_BLOCK)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM_BELOW))
 
 
+def release_freed_memory() -> bool:
+    """Give the memory that malloc holds free back to the system (glibc's malloc_trim).
+
+    For one-off garbage that keep_freed_memory would otherwise keep for the process's
+    life: loading a model frees its checkpoint's tensors and the weights that packing or
+    quantization replaced (transformer_big in float32: 2.3 GiB resident after loading,
+    0.95 GiB after this). Returns False, changing nothing, where the C library is not glibc.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim(0)
+    return True
+
+
 def physical_memory_bytes() -> int | None:
     """The machine's physical memory in bytes, or None where the system does not say
     (no os.sysconf on Windows, names unknown to some systems, -1 when undetermined)."""

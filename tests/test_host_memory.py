@@ -1,5 +1,5 @@
-"""keep_freed_memory: freed blocks stay with the process for reuse (checked in a fresh process);
-physical_memory_bytes where the system cannot say."""
+"""keep_freed_memory: freed blocks stay with the process for reuse, until release_freed_memory
+gives them back (checked in a fresh process); physical_memory_bytes where the system cannot say."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ import pytest
 from nmt_cli.host_memory import physical_memory_bytes
 
 # Prints how much resident memory (MiB) freeing a written 16 MiB block gives back.
+# Modes: "default", "keep" (keep_freed_memory first), "keep-release" (then release_freed_memory
+# once the block is freed).
 FREED_MIB = """
 import sys
-from nmt_cli.host_memory import keep_freed_memory
-if sys.argv[1] == "keep" and not keep_freed_memory():
+from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
+if sys.argv[1].startswith("keep") and not keep_freed_memory():
     print("unsupported")
     sys.exit()
 def resident_mib():
@@ -24,6 +26,9 @@ def resident_mib():
 block = b"\\x01" * (16 * 2**20)
 before = resident_mib()
 del block
+if sys.argv[1] == "keep-release" and not release_freed_memory():
+    print("unsupported")
+    sys.exit()
 print(before - resident_mib())
 """
 
@@ -39,6 +44,14 @@ def test_freed_memory_stays_with_the_process() -> None:
         pytest.skip("the C library is not glibc")
     assert float(freed_mib("default")) > 12  # the default: the block goes back to the system
     assert float(kept) < 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
+def test_released_memory_goes_back_to_the_system() -> None:
+    released = freed_mib("keep-release")
+    if released == "unsupported":
+        pytest.skip("the C library is not glibc")
+    assert float(released) > 12
 
 
 def test_physical_memory_is_none_where_the_system_does_not_say(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.errors import NmtError
+from nmt_cli.host_memory import release_freed_memory
 from nmt_cli.models.int8 import quantize_linears
 from nmt_cli.models.packed import pack_linears
 from nmt_cli.text.pipeline import TextPipeline, read_meta
@@ -55,23 +56,30 @@ def dictionary_from_symbols(symbols: list[str], source: str) -> Dictionary:
 def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "fp32") -> LoadedModels:
     """Load every checkpoint (an ensemble when several), in eval mode on `device`, with
     the linear layers `precision` asks for (see prepare_linears)."""
-    models, dicts, first = [], [], None
+    models, dicts, languages = [], [], None
     for path in paths:
         state = load_checkpoint(path)
         model = model_from_checkpoint(state, path).to(device).eval()
+        dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
+        languages = languages or (str(state.get("source_lang", "")), str(state.get("target_lang", "")))
+        # The checkpoint's weights are the model's now. Freed before packing or quantization
+        # makes copies of its own, at most two copies of the weights are held at once
+        # (transformer_big in float32: a 1.6 GiB peak instead of 2.4).
+        del state
         for param in model.parameters():
             param.requires_grad_(False)
         prepare_linears(model, precision, device)
         models.append(model)
-        dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
-        first = first or state
     check_same_dictionaries(list(paths), dicts)
+    # The checkpoints' tensors and the weights that packing or quantization replaced are
+    # garbage now; without this the process would keep their memory (see the function).
+    release_freed_memory()
     return LoadedModels(
         decoder=models[0] if len(models) == 1 else Ensemble(models),
         src_dict=dictionary_from_symbols(dicts[0][0], paths[0]),
         tgt_dict=dictionary_from_symbols(dicts[0][1], paths[0]),
-        source_lang=str(first.get("source_lang", "")),
-        target_lang=str(first.get("target_lang", "")),
+        source_lang=languages[0],
+        target_lang=languages[1],
         max_source_positions=min(m.cfg.max_source_positions for m in models),
         max_target_positions=min(m.cfg.max_target_positions for m in models),
     )
