@@ -43,8 +43,8 @@ def release_freed_memory() -> bool:
 
     For one-off garbage that keep_freed_memory would otherwise keep for the process's
     life: loading a model frees its checkpoint's tensors and the weights that packing or
-    quantization replaced (transformer_big in float32: 2.3 GiB resident after loading,
-    0.95 GiB after this). Returns False, changing nothing, where the C library is not glibc.
+    quantization replaced (transformer_big in float32: 2.2 GiB resident after loading,
+    0.93 GiB after this). Returns False, changing nothing, where the C library is not glibc.
     """
     if not sys.platform.startswith("linux"):
         return False
