@@ -132,8 +132,8 @@ def all_finite(tensor: torch.Tensor) -> bool:
     """No entry of a floating-point tensor is NaN or infinite.
 
     A sum is NaN or infinite when an entry is, and it is one pass with nothing written;
-    `isfinite(...).all()` writes a byte per entry and reads it again, ~28x slower on a
-    CPU (1.2 s of loading transformer_big). Finite entries can overflow a sum too, so
+    `isfinite(...).all()` writes a byte per entry and reads it again: 1.2 s against 0.09
+    for transformer_big's weights on one core. Finite entries can overflow a sum too, so
     only a sum that is not finite asks the exact question.
     """
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
