@@ -139,7 +139,7 @@ def measure_nmt_workers(args: argparse.Namespace, precision: str, workers: int) 
         workers=workers, precision=precision, quiet=True)
     prepare_process(cfg)  # as translate does
     lines = [InputLine(number + 1, " ".join(map(str, row[:-1]))) for number, row in enumerate(rows)]
-    with ParallelTranslator(cfg, workers) as pool:
+    with ParallelTranslator(cfg) as pool:
         translator = pool.use(Translator(cfg, warn=lambda message: print(message, file=sys.stderr)))
 
         def run_pass():

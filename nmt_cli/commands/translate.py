@@ -150,7 +150,7 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         # Opened first: a missing input is the error reported, even beside a bad checkpoint.
         source = stack.enter_context(opened(input_path, "rb"))
         # The workers load the model while this process loads its own (and reports its errors).
-        workers = stack.enter_context(ParallelTranslator(cfg, cfg.workers)) if cfg.workers > 1 else None
+        workers = stack.enter_context(ParallelTranslator(cfg)) if cfg.workers > 1 else None
         translator = Translator(cfg, warn=lambda message: click.echo(message, err=True))
         if workers is not None:
             translator = workers.use(translator)

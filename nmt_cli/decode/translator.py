@@ -24,6 +24,7 @@ from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
+from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
@@ -34,8 +35,6 @@ def prepare_process(cfg: TranslateConfig) -> None:
     """The process settings translation runs under, in the main process and in each of
     --workers: torch's threads (one per process with workers, unless --threads says), the
     C library's reuse of freed memory on a CPU, and the seed."""
-    from nmt_cli.host_memory import keep_freed_memory
-
     if cfg.threads is not None or cfg.workers > 1:
         torch.set_num_threads(cfg.threads or 1)
     if torch.device(cfg.device).type == "cpu":

@@ -46,17 +46,17 @@ def shares_by_length(lines: list[InputLine], count: int) -> list[list[int]]:
 class ParallelTranslator:
     """A Translator's `translate` and `format`, each chunk shared with worker processes.
 
-    Made with `cfg`, it starts `workers - 1` processes, which load the model while the
+    Made with `cfg`, it starts `cfg.workers - 1` processes, which load the model while the
     main process loads its own; `use(local)` then takes the main process's Translator
     (it translates the first share of each chunk) and waits for the workers. Use as a
     context manager: leaving it stops them.
     """
 
-    def __init__(self, cfg: TranslateConfig, workers: int) -> None:
+    def __init__(self, cfg: TranslateConfig) -> None:
         self.local: Translator | None = None
         context = multiprocessing.get_context("spawn")
         self.workers: list[tuple[Any, Connection]] = []
-        for _ in range(workers - 1):
+        for _ in range(cfg.workers - 1):
             ours, theirs = context.Pipe()
             process = context.Process(target=_serve, args=(theirs, cfg), daemon=True, name="nmt translate worker")
             process.start()
