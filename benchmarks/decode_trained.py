@@ -97,25 +97,36 @@ def torch_batches(torch, rows: list[list[int]], size: int):
         yield indices, tokens
 
 
+def nmt_config(args: argparse.Namespace, precision: str, workers: int, sentences: int):
+    """`nmt translate`'s settings for the imported model: ids in, --batch-size sentences per
+    batch, every sentence in one chunk, --threads / workers threads per process."""
+    from nmt_cli.config import DecodeConfig, TranslateConfig
+
+    return TranslateConfig(
+        checkpoints=(str(args.work_dir / "nmt-run" / "checkpoint.pt"),),
+        decode=DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=MAX_LEN_B), input_format="ids",
+        output_format="bpe", buffer_size=sentences, batch_size=args.batch_size, threads=args.threads // workers,
+        workers=workers, precision=precision, quiet=True)
+
+
 def measure_nmt(args: argparse.Namespace, precision: str) -> tuple[float, dict[int, list[int]]]:
     """nmt's beam search on the imported weights, loaded as `nmt translate --precision` loads them."""
     import torch
 
-    from nmt_cli.config import DecodeConfig
     from nmt_cli.decode.loading import load_models
     from nmt_cli.decode.search import generate
-    from nmt_cli.host_memory import keep_freed_memory
+    from nmt_cli.decode.translator import prepare_process
 
-    keep_freed_memory()  # as translate does on a CPU
-    loaded = load_models((str(args.work_dir / "nmt-run" / "checkpoint.pt"),), torch.device("cpu"), precision)
-    decode = DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=MAX_LEN_B)
     rows = source_rows(args)
+    cfg = nmt_config(args, precision, 1, len(rows))
+    prepare_process(cfg)  # as translate does
+    loaded = load_models(cfg.checkpoints, torch.device(cfg.device), precision)
     batches = list(torch_batches(torch, rows, args.batch_size))
 
     def run_pass():
         outputs = {}
         for indices, tokens in batches:
-            for i, hyps in zip(indices, generate(loaded.decoder, tokens, decode, loaded.max_target_positions)):
+            for i, hyps in zip(indices, generate(loaded.decoder, tokens, cfg.decode, loaded.max_target_positions)):
                 outputs[i] = hyps[0].tokens
         return outputs
 
@@ -126,17 +137,12 @@ def measure_nmt(args: argparse.Namespace, precision: str) -> tuple[float, dict[i
 def measure_nmt_workers(args: argparse.Namespace, precision: str, workers: int) -> tuple[float, dict[int, list[int]]]:
     """`nmt translate --workers`: this process and workers - 1 more, on --threads / workers
     threads each, share the sentences (given as ids, in batches of --batch-size)."""
-    from nmt_cli.config import DecodeConfig, TranslateConfig
     from nmt_cli.decode.lines import InputLine
     from nmt_cli.decode.translator import Translator, prepare_process
     from nmt_cli.decode.workers import ParallelTranslator
 
     rows = source_rows(args)
-    cfg = TranslateConfig(
-        checkpoints=(str(args.work_dir / "nmt-run" / "checkpoint.pt"),),
-        decode=DecodeConfig(beam=args.beam, nbest=1, max_len_a=0, max_len_b=MAX_LEN_B), input_format="ids",
-        output_format="bpe", buffer_size=len(rows), batch_size=args.batch_size, threads=args.threads // workers,
-        workers=workers, precision=precision, quiet=True)
+    cfg = nmt_config(args, precision, workers, len(rows))
     prepare_process(cfg)  # as translate does
     lines = [InputLine(number + 1, " ".join(map(str, row[:-1]))) for number, row in enumerate(rows)]
     with ParallelTranslator(cfg) as pool:
