@@ -44,11 +44,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(autouse=True)
-def exact_float32(monkeypatch):
+def exact_float32():
     """Full float32 matrix products on the GPU (TF32 would round inputs to 10 bits); the
-    settings are restored after each test."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    settings are restored after each test.
+
+    Saved and restored by hand: torch exposes these flags as properties of its backend
+    objects, which pytest's monkeypatch (9.2 and newer) deletes on undo instead of
+    setting back."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def no_tf32_again() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,10 @@ pytestmark = pytest.mark.slow
 
 
 def run_recipe(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "OMP_NUM_THREADS": "2", **env}
+    # The recipes call `nmt` and `python3`: those of the interpreter running the tests,
+    # whether or not its environment is activated.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    full_env = {**os.environ, "PATH": path, "OMP_NUM_THREADS": "2", **env}
     result = subprocess.run(
         ["bash", str(ROOT / "recipes" / script)], env=full_env, capture_output=True, text=True, timeout=1200
     )

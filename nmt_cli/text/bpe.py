@@ -58,7 +58,7 @@ def learn_bpe(
             num_threads=TRAIN_THREADS,
             minloglevel=2,
         )
-    except RuntimeError as e:
+    except (RuntimeError, SystemError) as e:  # older sentencepiece releases raise SystemError
         if source.error is not None:  # our own error (a bad input line), not sentencepiece's
             raise source.error from None
         if "[!sentences_.empty()]" in str(e):
