@@ -131,10 +131,10 @@ def check_finite_weights(weights: dict[str, torch.Tensor], source: str | os.Path
 def all_finite(tensor: torch.Tensor) -> bool:
     """No entry of a floating-point tensor is NaN or infinite.
 
-    A sum is NaN or infinite when an entry is, and it is one pass with nothing written;
-    `isfinite(...).all()` writes a byte per entry and reads it again: 1.2 s against 0.09
-    for transformer_big's weights on one core. Finite entries can overflow a sum too, so
-    only a sum that is not finite asks the exact question.
+    A sum is NaN or infinite when an entry is, and it is one pass with nothing written,
+    where `isfinite(...).all()` writes a byte per entry and reads it again: loading a
+    large model checks every weight, so the cheap pass comes first. Finite entries can
+    overflow a sum too, so only a sum that is not finite asks the exact question.
     """
     return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
