@@ -159,19 +159,3 @@ def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], so
             f"{tuple(expected[k].shape)} in the model)"
         )
     raise NmtError(f"{source}: the weights are not those of the architecture in its model_config: {'; '.join(details)}")
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain model inside DistributedDataParallel and/or torch.compile wrappers."""
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
-            model = model._orig_mod
-        else:
-            return model
-
-
-def model_state_for_checkpoint(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict of the unwrapped model: keys without `module.` / `_orig_mod.` prefixes."""
-    return unwrap_model(model).state_dict()

@@ -59,11 +59,6 @@ class BufferPool:
             self._buffers.append((flat, weakref.ref(tensor)))
             return tensor
 
-    def kept_bytes(self) -> int:
-        """The memory the pool holds, in use or not."""
-        with self._lock:
-            return sum(flat.numel() * flat.element_size() for flat, _ in self._buffers)
-
     def __deepcopy__(self, memo: dict) -> "BufferPool":
         return BufferPool()  # scratch memory, not state: a copy starts empty
 

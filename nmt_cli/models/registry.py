@@ -100,11 +100,6 @@ def _leave_as_is(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     return tensor
 
 
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (shared embeddings count once)."""
-    return sum(p.numel() for p in model.parameters())
-
-
 def matching_architecture(cfg: ModelConfig) -> str | None:
     """The preset name whose sizes and options equal `cfg`'s (dropouts ignored), if any."""
     ignore = {"dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}

@@ -270,10 +270,6 @@ class Transformer(nn.Module):
         hidden = self.decoder(prev_output_tokens, self.encoder(src_tokens, src_padded), src_padded)
         return hidden if features_only else self.decoder.output_projection(hidden)
 
-    def extract_features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        """Decoder hidden states (B, T, D) before the output projection."""
-        return self.forward(src_tokens, prev_output_tokens, features_only=True)
-
     def output_projection(self, hidden: Tensor) -> Tensor:
         """Hidden states (..., D) -> logits (..., V)."""
         return self.decoder.output_projection(hidden)
