@@ -22,12 +22,11 @@ def keep_freed_memory() -> bool:
     Training and beam search allocate and free tensors of the same sizes (activations,
     log-probabilities) at every step. By default glibc serves blocks above a threshold
     from fresh pages (mmap) and unmaps them when freed, so every step pays the page
-    faults of touching them again: 7 to 10% of CPU training and decoding time here.
-    With the threshold at its maximum and trimming out of reach, such blocks come from
-    the heap and are reused; larger ones (the per-batch decoding caches) stay mmap'd,
-    and peak memory is unchanged in the measurements (turning mmap off altogether was
-    as fast but fragmented the heap: +30% peak memory when translating). Returns False,
-    changing nothing, where the C library is not glibc.
+    faults of touching them again. With the threshold at its maximum and trimming out of
+    reach, such blocks come from the heap and are reused; larger ones (the per-batch
+    decoding caches) stay mmap'd, which keeps peak memory where it was (turning mmap off
+    altogether fragments the heap). Returns False, changing nothing, where the C
+    library is not glibc. (Its effect on speed and memory: benchmarks/HISTORY.md.)
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -43,8 +42,8 @@ def release_freed_memory() -> bool:
 
     For one-off garbage that keep_freed_memory would otherwise keep for the process's
     life: loading a model frees its checkpoint's tensors and the weights that packing or
-    quantization replaced (transformer_big in float32: 2.2 GiB resident after loading,
-    0.93 GiB after this). Returns False, changing nothing, where the C library is not glibc.
+    quantization replaced, more than the model itself for a large model. Returns False,
+    changing nothing, where the C library is not glibc.
     """
     if not sys.platform.startswith("linux"):
         return False

@@ -19,6 +19,11 @@ def tiny_model(seed: int = 0, src_v: int = SRC_V, tgt_v: int = TGT_V, dtype: tor
     return build_model(cfg, src_v, tgt_v).to(dtype).eval()
 
 
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameters (shared embeddings count once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
 def padded_batch(seed: int, lengths: list[int], vocab: int, bos: int | None = None) -> torch.Tensor:
     """Right-padded (B, max(lengths)) random tokens; the first column is `bos` when given."""
     gen = torch.Generator().manual_seed(seed)

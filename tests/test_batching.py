@@ -12,7 +12,6 @@ from nmt_cli.data.batching import (
     filter_by_size,
     make_batches,
     rank_share,
-    updates_in_epoch,
 )
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
 from nmt_cli.data.pairs import collate, load_data_bin
@@ -96,7 +95,7 @@ def test_shards_disjoint_and_covering(world_size: int, update_freq: int) -> None
     order = epoch_batches(make_batches(src, tgt, max_tokens=400, seed=1), 1, 1)
     per_update = world_size * update_freq
     seen: list[int] = []
-    for update in range(updates_in_epoch(len(order), update_freq, world_size)):
+    for update in range(-(-len(order) // per_update)):  # the epoch's last update may take fewer batches
         shares = [rank_share(order, update * per_update, update_freq, world_size, r) for r in range(world_size)]
         assert all(len(s) <= update_freq for s in shares)
         for share in shares:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from model_utils import count_parameters
 
 import nmt_cli.checkpoint as checkpoint_module
 from nmt_cli.checkpoint import (
@@ -19,13 +20,11 @@ from nmt_cli.checkpoint import (
     all_finite,
     load_checkpoint,
     model_from_checkpoint,
-    model_state_for_checkpoint,
     save_checkpoint,
-    unwrap_model,
 )
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
-from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
+from nmt_cli.models.registry import ARCHITECTURES, build_model, resolve_config
 from nmt_cli.staging import replace_atomically
 from nmt_cli.train.saving import write_checkpoints
 
@@ -40,7 +39,7 @@ def make_state(model_overrides: dict | None = None, seed: int = 0, **extra) -> d
     return {
         "format_version": FORMAT_VERSION,
         "model_config": cfg.to_dict(),
-        "model": model_state_for_checkpoint(model),
+        "model": model.state_dict(),
         "source_lang": "en",
         "target_lang": "de",
         "src_dict": SRC_DICT,
@@ -69,7 +68,7 @@ def test_save_load_round_trip_gives_identical_outputs(tmp_path: Path, overrides:
     torch.manual_seed(1)
     cfg = resolve_config("transformer_tiny", overrides)
     model = build_model(cfg, len(SRC_DICT), len(TGT_DICT)).eval()
-    state = {**make_state(), "model_config": cfg.to_dict(), "model": model_state_for_checkpoint(model)}
+    state = {**make_state(), "model_config": cfg.to_dict(), "model": model.state_dict()}
     path = tmp_path / "run" / "checkpoint_last.pt"
     save_checkpoint(state, path)
     loaded = load_checkpoint(path)
@@ -99,7 +98,7 @@ def test_shared_embeddings_stay_tied_after_loading(tmp_path: Path) -> None:
     cfg = resolve_config("transformer_tiny", {"share_all_embeddings": True})
     model = build_model(cfg, len(TGT_DICT), len(TGT_DICT))
     state = make_state() | {"src_dict": TGT_DICT, "model_config": cfg.to_dict()}
-    state["model"] = model_state_for_checkpoint(model)
+    state["model"] = model.state_dict()
     save_checkpoint(state, path)
     restored = model_from_checkpoint(load_checkpoint(path))
     weight = restored.encoder.embed_tokens.weight
@@ -246,36 +245,6 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pyte
     assert path.read_bytes() == before
     assert load_checkpoint(path)["num_updates"] == 123
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint_last.pt"]
-
-
-@pytest.mark.slow  # DDP setup imports much of torch.distributed and its compiler
-def test_unwrap_model_strips_ddp_wrapper(tmp_path: Path) -> None:
-    import torch.distributed as dist
-
-    torch.manual_seed(2)
-    model = build_model(resolve_config("transformer_tiny", {}), len(SRC_DICT), len(TGT_DICT))
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        assert unwrap_model(ddp) is model
-        keys = set(model_state_for_checkpoint(ddp))
-    finally:
-        dist.destroy_process_group()
-    assert set(ddp.state_dict()) != keys  # the wrapper itself would add "module." prefixes
-    assert keys == set(model.state_dict())
-    assert not any(k.startswith("module.") for k in keys)
-
-
-@pytest.mark.slow  # importing torch's compiler takes several seconds
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_unwrap_model_strips_compile_wrapper() -> None:
-    torch.manual_seed(2)
-    model = build_model(resolve_config("transformer_tiny", {}), len(SRC_DICT), len(TGT_DICT))
-    compiled = torch.compile(model)  # wrapping only; nothing is compiled until called
-    assert unwrap_model(compiled) is model
-    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
-    keys = set(model_state_for_checkpoint(compiled))
-    assert keys == set(model.state_dict())
 
 
 def test_info_describes_a_checkpoint(tmp_path: Path) -> None:

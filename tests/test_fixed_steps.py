@@ -15,7 +15,7 @@ from model_utils import EOS, SRC_V, TGT_V, padded_batch, source_batch, tiny_mode
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
-from nmt_cli.decode.fixed_search import FixedSearch, Workspace, _whole_step, batch_bucket, generate_fixed, supports
+from nmt_cli.decode.fixed_search import FixedSearch, Workspace, _whole_step, batch_bucket, supports
 from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.search import BeamState, generate
 from nmt_cli.errors import NmtError
@@ -39,6 +39,12 @@ def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
         norm.bias.copy_(bias)
         decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
     return model
+
+
+def generate_fixed(decoder: GraphedTransformer, src_tokens: torch.Tensor, cfg: DecodeConfig,
+                   max_target_positions: int) -> list:
+    """One batch through a FixedSearch of its own (nothing kept for later batches)."""
+    return FixedSearch(decoder, cfg).generate(src_tokens, max_target_positions)
 
 
 @pytest.mark.parametrize("overrides", VARIANTS)

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
-from model_utils import EOS, PAD, SRC_V, TGT_V, padded_batch, source_batch, tiny_model
+from model_utils import EOS, PAD, SRC_V, TGT_V, count_parameters, padded_batch, source_batch, tiny_model
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
@@ -32,7 +32,7 @@ from nmt_cli.models import transformer as transformer_module
 from nmt_cli.models.transformer import vocabulary_logits
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
 from nmt_cli.models.layers import few_query_attention, sinusoidal_table
-from nmt_cli.models.registry import ARCHITECTURES, build_model, count_parameters, resolve_config
+from nmt_cli.models.registry import ARCHITECTURES, build_model, resolve_config
 from nmt_cli.models.size import parameter_counts, training_matmul_flops
 
 SRC = padded_batch(1, [7, 4, 5, 1], SRC_V)

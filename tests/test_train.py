@@ -30,7 +30,7 @@ from nmt_cli.commands.train import parse_betas
 from nmt_cli.config import TrainConfig
 from nmt_cli.data.pairs import collate, load_data_bin
 from nmt_cli.errors import NmtError
-from nmt_cli.models.registry import resolve_config
+from nmt_cli.models.registry import build_model, resolve_config
 from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.master_weights import MasterWeights
@@ -96,16 +96,29 @@ def test_tiny_model_learns_reversal(tmp_path: Path, data_bin: Path) -> None:
 # --- accumulation and DDP ----------------------------------------------------------------
 
 
-def make_engine(data_bin: Path, update_freq: int, precision: str = "fp32"):
+def make_engine(data_bin: Path, update_freq: int, precision: str = "fp32", compiled: bool = False):
     # adam_eps 1e-6: with 1e-9, Adam turns rounding noise in gradients that are zero in
     # exact arithmetic (attention key biases) into full-size steps, which no tolerance absorbs.
     cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", update_freq=update_freq,
                       lr=1e-2, lr_scheduler="fixed", label_smoothing=0.1, adam_eps=1e-6,
-                      precision=precision)
+                      precision=precision, compile=compiled)
     model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})
     data = load_data_bin(data_bin)
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     return build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist), data.split("train")
+
+
+@pytest.mark.slow  # importing torch's compiler takes several seconds
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_compiled_run_checkpoints_the_plain_models_weights(data_bin: Path) -> None:
+    # Training calls a torch.compile wrapper (wrapping only: nothing is compiled until it
+    # runs), whose state dict prefixes every key with "_orig_mod."; what checkpoints hold
+    # (Trainer._checkpoint_state) is the engine's plain model.
+    engine, _ = make_engine(data_bin, update_freq=1, compiled=True)
+    assert all(key.startswith("_orig_mod.") for key in engine.runner.state_dict())
+    data = load_data_bin(data_bin)
+    plain = build_model(resolve_config("transformer_tiny", {}), len(data.src_dict), len(data.tgt_dict))
+    assert list(engine.model.state_dict()) == list(plain.state_dict())
 
 
 def test_accumulation_equals_one_big_batch(data_bin: Path) -> None:
@@ -157,6 +170,8 @@ def test_two_processes_equal_one_with_update_freq_2(tmp_path: Path, data_bin: Pa
     assert run_cli([data_bin, "--save-dir", single_run, *common, "--update-freq", "2"]).exit_code == 0
     ddp_log, single_log = records(ddp_run, "train"), records(single_run, "train")
     assert len(ddp_log) == len(single_log) == 7
+    # The checkpoint holds the plain model's weights, not DDP's "module."-prefixed ones.
+    assert list(final_weights(ddp_run)) == list(final_weights(single_run))
     for a, b in zip(ddp_log, single_log):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     for (name, p), q in zip(final_weights(ddp_run).items(), final_weights(single_run).values()):

@@ -100,12 +100,6 @@ def epoch_batches(batches: list[np.ndarray], epoch: int, seed: int) -> list[np.n
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def updates_in_epoch(num_batches: int, update_freq: int, world_size: int) -> int:
-    """How many updates one epoch gives: the last one may take fewer batches."""
-    per_update = update_freq * world_size
-    return -(-num_batches // per_update)
-
-
 def rank_share(
     epoch_order: list[np.ndarray],
     batches_done: int,

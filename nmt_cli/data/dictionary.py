@@ -56,9 +56,6 @@ class Dictionary:
         self.counts.append(count)
         return self.index[symbol]
 
-    def id(self, symbol: str) -> int:
-        return self.index.get(symbol, UNK_ID)
-
     def encode(self, tokens: Iterable[str], append_eos: bool = True) -> list[int]:
         """Tokens -> ids (unknown tokens -> `<unk>`), with `</s>` appended."""
         ids = [self.index.get(t, UNK_ID) for t in tokens]

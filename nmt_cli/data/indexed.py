@@ -39,7 +39,8 @@ class IndexedDatasetBuilder:
         self.prefix = Path(prefix)
         self.dtype = dtype_for_vocab(vocab_size)
         self._bin = open(f"{self.prefix}.bin", "wb")
-        # A compact int64 array, not a list: 36M sentences cost 288 MB here, not ~1.3 GB.
+        # A compact int64 array, not a list: 8 bytes a sentence, where a list holds a pointer
+        # and an int object for each.
         self._offsets = array("q", [0])
 
     def add(self, ids: Iterable[int]) -> None:

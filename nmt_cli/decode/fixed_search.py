@@ -182,12 +182,6 @@ def _padded(src_tokens: Tensor, max_len: list[int]) -> tuple[Tensor, list[int]]:
     return padded, max_len + [0] * (padded.size(0) - B)
 
 
-def generate_fixed(decoder: GraphedTransformer, src_tokens: Tensor, cfg: DecodeConfig,
-                   max_target_positions: int) -> list[list[Hypothesis]]:
-    """One batch through a FixedSearch of its own (nothing kept for later batches)."""
-    return FixedSearch(decoder, cfg).generate(src_tokens, max_target_positions)
-
-
 def _whole_step(model: Transformer, ws: Workspace, self_kv: Tensor, spare: Tensor, cfg: DecodeConfig) -> Callable[[], None]:
     """The step at ws.position as a function of fixed shapes, everything in place: the
     model's step, the search's, the cache rows gathered into `spare`, position + 1."""

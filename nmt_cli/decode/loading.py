@@ -63,8 +63,7 @@ def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "
         dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
         languages = languages or (str(state.get("source_lang", "")), str(state.get("target_lang", "")))
         # The checkpoint's weights are the model's now. Freed before packing or quantization
-        # makes copies of its own, at most two copies of the weights are held at once
-        # (transformer_big in float32: a 1.6 GiB peak instead of 2.4).
+        # makes copies of its own, at most two copies of the weights are held at once.
         del state
         for param in model.parameters():
             param.requires_grad_(False)

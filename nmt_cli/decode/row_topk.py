@@ -1,11 +1,10 @@
 """The k largest entries of each row of a wide tensor, as `topk`, faster on a CPU.
 
-torch's CPU topk copies every row into (value, index) pairs before its partial sort:
-for a beam-search step, 256 rows of 8,000 log-probs and k = 8, that is ~3 ms on one
-thread, ten times a pass over the rows. `row_topk` makes one pass instead, for the
-maxima of blocks of 64 columns, and sorts only the k blocks with the largest maxima
-(and the columns past the last whole block): 2-3x faster there, more for larger
-vocabularies.
+torch's CPU topk copies every row into (value, index) pairs before its partial sort,
+which costs many passes over the rows of a beam-search step. `row_topk` makes one pass
+instead, for the maxima of blocks of 64 columns, and sorts only the k blocks with the
+largest maxima (and the columns past the last whole block); the wider the vocabulary,
+the more that saves.
 
 Those blocks (and the tail) hold the k largest values. Take the i-th largest value
 v_i and the entries at least as large: if every block holding one of them is chosen,
@@ -21,9 +20,8 @@ import torch
 from torch import Tensor
 
 BLOCK = 64
-# Blocks pay only when they cut the row to a small part. One core of a Xeon, k = 8:
-# at a row 6-8 times the k blocks' width (3,072 to 3,960 columns) they are 1.3-1.4x
-# faster than topk, at 4 times level, at 2 times 0.8x.
+# Blocks pay only when they cut the row to a small part: from about 5 times the kept
+# blocks' width, level with topk at 4 (benchmarks/HISTORY.md, "Candidate selection").
 MIN_WIDTH_PER_BLOCK_KEPT = 5
 
 

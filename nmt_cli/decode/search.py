@@ -317,8 +317,7 @@ def generate(
             cands = beam_candidates(lprobs3, state.cum_scores, first_step=step == 0)
         # L fits the longest output allowed (200 tokens by default) and this step's tokens
         # go to position step + 1: the beams' reorders and the finished hypotheses copy
-        # only the positions up to there (on a CPU, a third of these two functions' time
-        # for Multi30k's short sentences, 1% of the translation).
+        # only the positions up to there, not the whole length allowed.
         filled = state.prefix(step + 2)
         finish_hypotheses(filled, cands, lprobs, column, length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style), cfg)
         state.done |= state.fin_count.ge(K) | state.max_len.le(step)  # (B,)

@@ -11,10 +11,8 @@ batch companions than with one process; where its result depends on them (bf16
 products round by the batch's shape; attention sums over the batch's padded length) a
 few lines differ, as with another --max-tokens.
 (Warnings about single lines come from the process that translates them, so they may
-appear out of line order.) Measured on two cores (README.md, benchmarks/README.md):
-decoding Multi30k in batches of 64, two workers ran 1.16-1.48x as fast as two threads;
-with translate's default batches, and one more model to load, --workers 2 was level
-with --threads 2 in float32 and 10% faster in bf16.
+appear out of line order.) How it compares with threads: README.md and
+benchmarks/HISTORY.md.
 
 The workers are started with "spawn" (a fork of a process whose OpenMP threads have run
 can hang), load the model once, and then answer one request per chunk over a pipe. A

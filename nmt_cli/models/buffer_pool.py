@@ -2,9 +2,8 @@
 
 A batch's self-attention cache takes tens of MB. glibc serves blocks that large from
 fresh pages (mmap) and returns them to the system when they are freed, so every batch
-paid the page faults of touching its cache anew: its first writes ran ~7x slower than
-on memory already touched (4% of a transformer_small beam search on one core, 6-8% of
-translating Multi30k's test set). A `BufferPool` keeps up to MAX_BUFFERS buffers for
+paid the page faults of touching its cache anew, and writes to fresh pages are much
+slower than to memory already touched. A `BufferPool` keeps up to MAX_BUFFERS buffers for
 as long as the model lives, and hands one out again once the tensor it was last handed
 out as is gone. (On a GPU, torch's caching allocator does this already.)
 """
@@ -59,11 +58,6 @@ class BufferPool:
             tensor = flat[:numel].view(shape)
             self._buffers.append((flat, weakref.ref(tensor)))
             return tensor
-
-    def kept_bytes(self) -> int:
-        """The memory the pool holds, in use or not."""
-        with self._lock:
-            return sum(flat.numel() * flat.element_size() for flat, _ in self._buffers)
 
     def __deepcopy__(self, memo: dict) -> "BufferPool":
         return BufferPool()  # scratch memory, not state: a copy starts empty

@@ -1,10 +1,10 @@
 """Dropout whose random mask is cheap to draw on a CPU.
 
-torch's CPU dropout draws one random number per element, serially (`bernoulli_`: about
-5 ns an element whatever the thread count). Here each 64-bit draw of the generator
-makes four 16-bit lanes, and an element is kept when its lane is at or above a
-threshold: about 1 ns an element for the mask, and dropout's forward and backward
-passes together 2-2.8x faster (benchmarks/README.md). The drop probability is rounded
+torch's CPU dropout draws one random number per element, serially (`bernoulli_`,
+whatever the thread count). Here each 64-bit draw of the generator makes four 16-bit
+lanes, and an element is kept when its lane is at or above a threshold: a quarter of
+the draws, and the mask is made once, with the scale in it, so that the forward and
+backward passes are one product each (benchmarks/HISTORY.md). The drop probability is rounded
 to a multiple of 1/65536 (0.1 becomes 0.1000061) and the kept elements are scaled by
 the exact 1 / (1 - rounded p), so the output's expectation is still its input.
 

@@ -65,7 +65,7 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     # x / scale is within [-63, 63] up to rounding, so x / scale + 64.5 lies in [1.5, 127.5]
     # and the cast's truncation rounds to the nearest of [1, 127]: no clamp needed. Those
     # bytes are the same signed or unsigned, and torch's cast to int8 is vectorized where
-    # its cast to uint8 is not (3x faster on a CPU).
+    # its cast to uint8 is not.
     offset = _rounding_offset_row(x.size(1), x.dtype, x.device)
     values = torch.addcmul(offset, x, scale.reciprocal()).to(torch.int8).view(torch.uint8)
     return values, scale
@@ -75,8 +75,8 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 def _rounding_offset_row(width: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """ROUNDING_OFFSET in each of `width` columns, made once per width (read, never written).
 
-    As a whole row because addcmul vectorizes that, and broadcasts a 0-d tensor 2-5x
-    slower (one core, 256 x 256: 7 us against 32)."""
+    As a whole row because addcmul vectorizes that, and broadcasts a 0-d tensor without
+    vector instructions."""
     return torch.full((width,), ROUNDING_OFFSET, dtype=dtype, device=device)
 
 

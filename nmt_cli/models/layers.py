@@ -152,8 +152,8 @@ def few_query_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | Non
     attn_mask None or additive (B, 1, 1 or n, S) -> (B, H, n, Dh). No dropout.
 
     On a CPU, scaled_dot_product_attention's kernel works through B * H tiny blocks one
-    by one; two batched matrix products do the same work about three times faster when
-    n is small. Elsewhere its fused kernel is the faster one. k and v must allow a
+    by one, paying a fixed cost for each; two batched matrix products do the same work
+    in one call each. Elsewhere its fused kernel is the faster one. k and v must allow a
     (B * H, S, Dh) view (the decoding cache lays them out so); k may be a transposed
     view of (B, H, Dh, S) keys, which makes the scores' product read its keys
     contiguously.
@@ -175,9 +175,9 @@ def sequence_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
     """scaled_dot_product_attention over whole sequences, as in training.
 
     When gradients will be computed on a CPU in bf16 or fp16, its math kernel: there the
-    flash kernel's backward pass takes 2.5x as long as the math kernel's forward and
-    backward together (bf16, 128 sentences x 4 heads x 32 tokens: 31 ms against 12),
-    for the same accuracy (both sum in float32).
+    flash kernel's backward pass alone is slower than the math kernel's forward and
+    backward together, for the same accuracy (both sum in float32; benchmarks/HISTORY.md,
+    "Training on this CPU").
     """
     slow_backward = (q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
                      and q.requires_grad and not torch.compiler.is_compiling())

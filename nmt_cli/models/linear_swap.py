@@ -23,7 +23,7 @@ def probe_failure(make: LayerMaker, kernels: str) -> str | None:
     """Why make(linear) fails on a tiny input here, or None when it runs: the ops can
     exist where their kernels cannot run (a CPU that lacks the instructions)."""
     # A forked RNG leaves the global one untouched. (nn.utils.skip_init would too, but
-    # it goes through the meta device, whose first use imports sympy: 0.27 s of startup.)
+    # it goes through the meta device, whose first use imports sympy, slowing startup.)
     with torch.random.fork_rng(devices=[]):
         probe = nn.Linear(4, 2)
     with torch.no_grad():

@@ -3,16 +3,12 @@ translate --device cpu` in float32 (the default) and with --precision bf16.
 
 oneDNN's products read their weight in a blocked layout. On a plain weight they make
 that layout afresh at every call; `PackedLinear` makes it once, at load time
-(`torch.ops.mkldnn._reorder_linear_weight`, the layout Inductor's CPU freezing uses).
-One core of a Xeon with AVX-512 and AMX, ms per product:
-
-- float32: (256, 256) x (256, 1024) 0.99 on MKL (F.linear), 0.92 packed; (128, 512) x
-  (512, 2048) 2.01 and 1.80; (256, 256) x (256, 8000) 7.9 and 7.0.
-- bf16: (128, 512) x (512, 2048) 0.70 under autocast, 0.43 on a plain bf16 weight, 0.29
-  packed; (128, 512) x (512, 32000) 19.5, 7.8 and 3.5. Autocast keeps no cast weights
-  under `torch.inference_mode`, so every call cast its float32 weight to bf16 again (a
-  transformer_base decoding step reads ~38M weights). The arithmetic stays autocast's:
-  inputs rounded to bf16, bf16 weights and bias, float32 sums, a bf16 result.
+(`torch.ops.mkldnn._reorder_linear_weight`, the layout Inductor's CPU freezing uses),
+so a decoding step, which reads every weight, spends nothing on reordering them. In bf16
+it also replaces autocast, which keeps no cast weights under `torch.inference_mode` and
+so casts every float32 weight to bf16 again at every call. The arithmetic stays
+autocast's: inputs rounded to bf16, bf16 weights and bias, float32 sums, a bf16 result.
+(Timings: benchmarks/HISTORY.md, "bf16 on a CPU" and "Rerun on a later day".)
 
 The packed weight is a copy: a weight shared with the embeddings (a tied output
 projection) stays as it was for the embeddings, which costs a second copy of it (in
@@ -68,8 +64,8 @@ class PackedLinear(nn.Module):
 
     def forward_relu(self, x: Tensor) -> Tensor:
         """relu(self(x)), the ReLU applied by the product as it writes its result: one pass
-        fewer over a feed-forward layer's widest activations (-2.5% of a small model's
-        translation on one core). Rounding to bf16 keeps signs, so bf16 gives the same.
+        fewer over a feed-forward layer's widest activations. Rounding to bf16 keeps
+        signs, so bf16 gives the same.
 
         One difference from torch.relu: oneDNN's ReLU turns NaN into 0. In a feed-forward
         layer a NaN input still reaches the output through the residual connection; only

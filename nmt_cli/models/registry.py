@@ -67,8 +67,8 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, init
     """A freshly initialised Transformer for the given vocabulary sizes.
 
     `initialise=False` leaves the weights as allocated, uninitialised memory, for a
-    caller that loads every one of them next: the random initialisation it skips takes
-    ~1.5 s for transformer_big on a CPU, most of the time to load it for translation.
+    caller that loads every one of them next: the random initialisation it skips is most
+    of the time to load a large model for translation on a CPU.
 
     NmtError, before anything is allocated, for a model too big for this machine's memory
     (every command builds its models here: train, translate, info, import-fairseq).
@@ -98,11 +98,6 @@ def _init_functions_skipped() -> Iterator[None]:
 
 def _leave_as_is(tensor: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     return tensor
-
-
-def count_parameters(model: nn.Module) -> int:
-    """Number of distinct parameters (shared embeddings count once)."""
-    return sum(p.numel() for p in model.parameters())
 
 
 def matching_architecture(cfg: ModelConfig) -> str | None:

@@ -2,8 +2,8 @@
 
 The counts are arithmetic on the config's numbers, so they take no time and no memory
 whatever those numbers are: a model is checked before torch allocates it, or fails
-to (a huge dimension overflows torch's size computation; 10^8 big layers took more
-than ten minutes and 12 GB to build even on the meta device). They follow the modules
+to (a huge dimension overflows torch's size computation, and a huge number of layers
+takes minutes and gigabytes to build even on the meta device). They follow the modules
 of transformer.py and layers.py; tests/test_model.py checks them against built models.
 """
 
@@ -18,8 +18,8 @@ from nmt_cli.models.transformer import check_vocab_sizes
 FLOAT32_BYTES = 4
 # torch computes a storage's size in bytes as an int64; a larger one overflows.
 TORCH_MAX_BYTES = 2**63 - 1
-# The Python and torch objects of one built layer, besides its weights: 17 to 30 KB
-# measured (CPython 3.11, torch 2.x). A lower bound, so that no model that fits is
+# The Python and torch objects of one built layer, besides its weights, take more than
+# this (CPython 3.11, torch 2.x). A lower bound, so that no model that fits is
 # refused; it matters for many narrow layers, whose weights are small.
 LAYER_OBJECT_BYTES = 10_000
 

@@ -16,8 +16,8 @@ The decoding cache (a plain dict the caller creates empty) holds
                into before the two swap (allocating a fresh buffer at every step
                costs more than the copy on a CPU);
   or, on a CPU in float32 (unless "zeroed"), instead of those two, a layout that
-  reordering leaves in place (a CPU copies the reordered cache at ~10 GB/s, ~10% of a
-  small model's search):
+  reordering leaves in place (copying the whole reordered cache at every step is a
+  large share of a small model's search on a CPU):
   "beam_kv":   (L, 2, B, H, capacity, K, Dh) each position's keys/values, in the slot
                of the beam that computed them, never moved; a row attends over its
                sentence's T * K slots with a mask of those on its history
@@ -29,8 +29,8 @@ The decoding cache (a plain dict the caller creates empty) holds
                values are contiguous (B, H, S, Dh) blocks;
   "cross_keys_t": on a CPU (unless "zeroed"), the keys of "cross_kv" once more,
                transposed: (L, B, H, Dh, S). A CPU's batched products read keys laid
-               out so in about half the time (one core, 256 products of 4 x 64 by
-               64 x 53: 0.18 ms against 0.35); the copy is made once per batch.
+               out so faster than through a transposed view; the encoder's keys are
+               made once per batch, so the copy is too.
                "cross_kv" stays whole (it is what fixed-shape steps read), its keys
                unread by `decode_step`;
   "cross_mask": (B, 1, 1, S) additive mask in the model's dtype: 0 at source tokens,
@@ -71,15 +71,16 @@ from nmt_cli.models.layers import (
 # First capacity of the self-attention cache; it doubles as decoding goes on.
 INITIAL_CACHE_CAPACITY = 32
 # Decoding on a CPU in float32 (int8 too) keeps its self-attention cache where reordering
-# leaves it in place ("beam_kv" in the module docstring): 6-13% faster searches. Not in
-# bf16, whose attention would then round its scores to bf16 for no gain in speed.
+# leaves it in place ("beam_kv" in the module docstring): a step then gathers small
+# integer rows instead of copying the cache. Not in bf16, whose attention would then
+# round its scores to bf16 for no gain in speed.
 # False: the row-major "self_kv" of other devices.
 BEAM_CACHE_ON_CPU = True
 # On a CPU, sentences that are done wait in the batch, masked, until this fraction of it
 # is done, and then leave together (the search reads `sentence_drop_fraction`). Each
 # departure copies the filled cache of every sentence that stays, and a done sentence
-# kept costs its share of the step's arithmetic: leaving one by one spent 8% of a
-# quickstart translation in those copies. Flat between 0.2 and 0.35 there.
+# kept costs its share of the step's arithmetic; a quarter balances the two (fractions
+# from 0.2 to 0.35 were level: benchmarks/HISTORY.md, "done sentences leaving in groups").
 CPU_SENTENCE_DROP_FRACTION = 0.25
 
 
@@ -99,10 +100,9 @@ _ONEDNN_LINEAR = _find_onednn_linear()
 def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """hidden (N, D) x output projection weight (V, D) -> logits (N, V), as F.linear.
 
-    On a CPU in float32 this runs oneDNN's kernel: for a decoding step's shape,
-    (256, 256) x (256, 8000), MKL's sgemm (F.linear's) takes ~1.5x as long on an AMD
-    EPYC and ~1.6x for a base model's (256, 512) x (512, 32000). Elsewhere, and under
-    autocast, F.linear.
+    On a CPU in float32 this runs oneDNN's kernel, which is faster than MKL's sgemm
+    (F.linear's) for a decoding step's shapes on the CPUs measured (CTranslate2 picks
+    oneDNN there too; benchmarks/HISTORY.md). Elsewhere, and under autocast, F.linear.
     """
     on_cpu_fp32 = hidden.device.type == "cpu" and hidden.dtype == weight.dtype == torch.float32
     if _ONEDNN_LINEAR is not None and on_cpu_fp32 and not torch.is_autocast_enabled("cpu"):
@@ -270,10 +270,6 @@ class Transformer(nn.Module):
         hidden = self.decoder(prev_output_tokens, self.encoder(src_tokens, src_padded), src_padded)
         return hidden if features_only else self.decoder.output_projection(hidden)
 
-    def extract_features(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        """Decoder hidden states (B, T, D) before the output projection."""
-        return self.forward(src_tokens, prev_output_tokens, features_only=True)
-
     def output_projection(self, hidden: Tensor) -> Tensor:
         """Hidden states (..., D) -> logits (..., V)."""
         return self.decoder.output_projection(hidden)
@@ -302,8 +298,8 @@ class Transformer(nn.Module):
             beams = _alike_rows_per_sentence(prev_tokens, encoder_out.out.size(0)) if on_cpu else 1
             if beams > 1:
                 # A search's beams start alike, so a sentence's rows would all compute the
-                # same first step: run one per sentence and copy it (-2.5 to -4% of a
-                # small model's translation on a CPU). Not on a GPU, where the check would
+                # same first step: run one per sentence and copy it, output projection
+                # included. Not on a GPU, where the check would
                 # make the host wait for the encoder.
                 self.start_cache(encoder_out, encoder_out.out.size(0), cache)
                 lprobs = self._advance(prev_tokens[::beams], cache)
@@ -332,7 +328,7 @@ class Transformer(nn.Module):
             logits = projection(hidden)
         if logits.dtype == torch.float32 and logits.device.type == "cpu":
             # In place: each row is normalised while it is still in the CPU's cache, and
-            # no second (N, V) buffer is written (1-3% of a small model's search).
+            # no second (N, V) buffer is written.
             return torch.log_softmax(logits, dim=-1, out=logits)
         # dtype= reads bf16/fp16 logits directly: no float32 copy of them is written first.
         return F.log_softmax(logits, dim=-1, dtype=torch.float32)

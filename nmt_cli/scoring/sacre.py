@@ -14,10 +14,6 @@ from dataclasses import dataclass
 
 from nmt_cli.errors import NmtError
 
-# --metrics value -> sacreBLEU's metric name (the CLI computes them in sorted order of these names).
-METRIC_CHOICES = ("bleu", "chrf", "ter")
-
-
 def bleu_tokenizers() -> list[str]:
     """The `--tokenize` choices of the installed sacreBLEU."""
     from sacrebleu.metrics.bleu import BLEU

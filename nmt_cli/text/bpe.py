@@ -19,7 +19,6 @@ import sentencepiece as spm
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import replace_atomically
 
-WORD_START = "\u2581"
 # sentencepiece's learned model depends on its thread count; a fixed count keeps
 # the model (and everything after it) identical whatever --workers is.
 TRAIN_THREADS = 4

@@ -33,7 +33,7 @@ TOKENIZERS = ("moses", "none")
 _CONTROL_TO_SPACE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0))}
 
 
-@functools.cache  # once a process: parsing sacremoses' large character classes takes ~0.2 s
+@functools.cache  # once a process: sacremoses' large character classes are slow to parse
 def required_text(pattern: re.Pattern[str], replacement: str) -> str:
     """A substring of every line that `pattern.sub(replacement, line)` can change ("" if none is known).
 
@@ -166,7 +166,7 @@ class Tokenizer:
         self.settings = settings
         moses = settings.name == "moses"
         # sacremoses recompiles (via re's cache) each of its ~50 patterns per line; compiling
-        # them once here gives the same result ~10% faster overall.
+        # them once here gives the same result without that cost per line.
         self._normalizer = (
             [_normalization_rule(pattern, replacement) for pattern, replacement in MosesPunctNormalizer(lang=settings.lang).substitutions]
             if settings.normalize_punctuation

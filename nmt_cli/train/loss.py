@@ -16,9 +16,8 @@ gradient, and the backward pass recomputes the softmax:
 
 * on a CUDA device (with Triton), two small compiled functions do the work: the forward
   pass reads the logits and keeps each row's log-normaliser, the backward pass reads the
-  logits once and writes the gradient once. On an H200 that made a transformer_base
-  update 1.24x faster than the chunks below (benchmarks/README.md): at this size a GPU
-  update is bound by memory traffic;
+  logits once and writes the gradient once: at these sizes a GPU update is bound by
+  memory traffic, so fewer passes make a faster update (benchmarks/HISTORY.md);
 * elsewhere it works in float32 on row chunks.
 
 When the whole model is compiled (`--compile`), the plain formula is used and the
@@ -37,7 +36,7 @@ import torch
 # Rows per chunk are chosen so that one float32 chunk is about this many elements. On a
 # CPU, 1 MiB: each chunk's passes (the cast of bf16 logits, the softmax, the gradient)
 # then run in a core's L2 cache, where chunks of 256 MiB went to memory at every pass
-# (a bf16 loss and its gradient 3-3.5x faster, float32 1.25-1.35x: benchmarks/loss_speed.py).
+# (benchmarks/loss_speed.py measures it).
 # On other devices, large chunks, for fewer kernel launches.
 CPU_CHUNK_ELEMENTS = 1 << 18
 CHUNK_ELEMENTS = 1 << 26
@@ -167,8 +166,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             at_targets = probs.gather(1, targets).mul_(scale).sub_(b).sub_(a)  # (n, 1)
             # Every entry as p (a + V b) - b, in place while the chunk is in cache. Two
             # passes, as addcmul broadcasts the per-row b and scale without vector
-            # instructions on a CPU: 2-3.5x slower for 32 rows of 8,000 (the whole loss
-            # 7-9% slower, benchmarks/loss_speed.py).
+            # instructions on a CPU, which makes its one pass the slower.
             probs.mul_(scale).sub_(b)
             if not in_gradient:
                 grad[rows] = probs  # one cast to the gradient's dtype

@@ -5,8 +5,8 @@
 Under autocast (`--precision bf16`) the weights, the residual stream and LayerNorm stay
 float32: every matrix product casts its float32 input to bf16, its bf16 output becomes
 float32 again where it joins the residual stream, and the backward pass does the same
-with the gradients. On a GPU those casts alone are ~2 ms of a transformer_base update,
-and LayerNorm and the residual adds read and write float32 activations. Here the model
+with the gradients. On a GPU those casts are a visible part of an update, and
+LayerNorm and the residual adds read and write float32 activations. Here the model
 that runs forward and backward holds bf16 weights, so its activations and gradients are
 bf16 end to end (LayerNorm and softmax still accumulate in float32 inside their kernels).
 
