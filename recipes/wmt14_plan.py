@@ -551,8 +551,9 @@ def plan_text(r: Recipe, dry_run: bool) -> str:
                      f"~{epochs(r)} epochs; KEEP_LAST_EPOCHS=-1, a checkpoint per epoch: "
                      f"{_gb(dataclasses.replace(d, checkpoints_kept=d.checkpoints_kept - d.epoch_checkpoints + epochs(r)).checkpoints)})")
     if w.nnodes > 1:
-        lines.append("multi-node: WORK must be on a filesystem every node shares; node rank 0 runs every stage but "
-                     "training alone, the other nodes wait for its done markers and stop after training")
+        lines.append("multi-node: WORK must be on a shared filesystem (every node reads and writes it); node rank 0 "
+                     "runs the stages other than training, the other nodes wait for its done markers, join training "
+                     "and stop after it")
     lines.append("stages:")
     for number, stage in enumerate(stages(r), 1):
         for i, command in enumerate(stage.commands):
