@@ -6,10 +6,10 @@
 # after cleaning).
 # Estimates, as `DRY_RUN=1` computes them (recipes/wmt14_plan.py, from nmt's training
 # throughput on one H200 in benchmarks/README.md, real batches at 0.58-1.0 of it):
-#   base (100k updates): 1.4-2.4 h on one H200, 0.2-0.3 h on 8 (linear scaling assumed)
-#   big  (300k updates): 8.4-14.5 h on one H200, 1.0-1.8 h on 8;
+#   base (100k updates): 1.6-2.8 h on one H200, 0.2-0.3 h on 8 (linear scaling assumed)
+#   big  (300k updates): 9.6-16.6 h on one H200, 1.2-2.1 h on 8;
 #                        the paper: 3.5 days on 8 P100s (1.0 s per update)
-#   disk: base ~53 GB, big ~107 GB, checkpoints included (each with Adam's state: 0.7 GB
+#   disk: base ~53 GB, big ~107 GB, checkpoints included (each with Adam's state: 0.8 GB
 #   base, 2.6 GB big; the last 5 / 20 update checkpoints are kept, and one epoch
 #   checkpoint); preprocessing 36M pairs takes hours.
 #

@@ -68,7 +68,10 @@ PAPER_BLEU = {("en-de", "transformer_base"): 27.3, ("en-de", "transformer_big"):
               ("en-fr", "transformer_base"): 38.1, ("en-fr", "transformer_big"): 41.8}
 # Joint BPE: fairseq's prepare-wmt14en2de.sh (32k) and prepare-wmt14en2fr.sh (40k).
 BPE_SIZE = {"en-de": 32000, "en-fr": 40000}
-PAPER_TARGET_TOKENS = 25_000  # non-pad target tokens in a paper batch
+# Non-pad target tokens per padded token of a batch: a batch is cut by its longer side and
+# its longest pair, so a 3584-token batch of newstest2013+2014 (BPE 8k, nmt's batching) holds
+# ~2,500 target and ~2,300 source tokens.
+TARGET_FILL = 0.70
 # Per process: the most padded tokens a batch may hold unless MAX_TOKENS says otherwise
 # (fairseq's value, which fits a 16 GB GPU for big; larger GPUs may take more).
 DEFAULT_MAX_TOKENS = 3584
@@ -439,8 +442,8 @@ def time_estimate(r: Recipe) -> TimeEstimate | None:
     rate = H200_TARGET_TOKENS_PER_S.get(r.arch)
     if rate is None or r.world.gpus == 0:
         return None
-    target_tokens = r.batch.tokens_per_update * PAPER_TARGET_TOKENS / PAPER_BATCH
-    seconds = r.settings.max_update * target_tokens / (rate * r.world.processes)
+    # The GPU computes over every padded token of an update: at most tokens_per_update.
+    seconds = r.settings.max_update * r.batch.tokens_per_update / (rate * r.world.processes)
     paper = r.settings.max_update * P100X8_SECONDS_PER_UPDATE[r.arch]
     return TimeEstimate(seconds / REAL_BATCH_FACTOR[1] / 3600, seconds / REAL_BATCH_FACTOR[0] / 3600, paper / 3600)
 
@@ -475,7 +478,7 @@ def read_manifest_sizes(path: Path) -> dict[str, int]:
 
 def epochs(r: Recipe) -> int:
     corpus = CORPUS_SIZES[r.pair]
-    target_tokens = r.batch.tokens_per_update * PAPER_TARGET_TOKENS / PAPER_BATCH
+    target_tokens = r.batch.tokens_per_update * TARGET_FILL
     return math.ceil(r.settings.max_update * target_tokens / (corpus.pairs * corpus.pieces_per_side))
 
 

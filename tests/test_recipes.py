@@ -177,6 +177,20 @@ def test_estimates_rest_on_the_benchmark_figures():
     assert eight.hours_low == pytest.approx(one_base.hours_low / 8)
 
 
+@pytest.mark.parametrize("script,pair", [("wmt14_en_de.sh", "en-de"), ("wmt14_en_fr.sh", "en-fr")])
+def test_headers_state_what_the_plan_computes(script, pair):
+    header = (ROOT / "recipes" / script).read_text(encoding="utf-8")
+    for arch, label in (("transformer_base", "base"), ("transformer_big", "big ")):
+        one = plan.time_estimate(resolve(PAIR=pair, ARCH=arch, GPUS="1"))
+        eight = plan.time_estimate(resolve(PAIR=pair, ARCH=arch, GPUS="8"))
+        updates = plan.PAPER[(pair, arch)].max_update // 1000
+        assert (f"{label} ({updates}k updates): {one.hours_low:.1f}-{one.hours_high:.1f} h on one H200" in header
+                and f"{eight.hours_low:.1f}-{eight.hours_high:.1f} h on 8" in header), (arch, one, eight)
+        disk = plan.disk_estimate(resolve(PAIR=pair, ARCH=arch, GPUS="8"))
+        assert f"{label.strip()} ~{disk.total / 1e9:.0f} GB" in header, (arch, disk.total)
+    assert "V100" not in header
+
+
 @pytest.mark.parametrize("arch", ["transformer_base", "transformer_big", "transformer_tiny"])
 def test_parameter_count_of_the_disk_estimate_is_nmts(arch):
     import dataclasses
@@ -194,8 +208,8 @@ def test_disk_estimate_counts_checkpoints_with_their_optimizer_state():
     assert base.checkpoint == 12 * plan.parameters("transformer_base", 32004)
     assert (base.checkpoints_kept, big.checkpoints_kept) == (5 + 1 + 2, 20 + 1 + 2)
     every_epoch = plan.disk_estimate(resolve(PAIR="en-de", ARCH="transformer_big", GPUS="8", KEEP_LAST_EPOCHS="-1"))
-    # 300k updates of ~25k target tokens over 4.5M pairs of ~30 pieces: 56 epochs, a checkpoint each.
-    assert every_epoch.epoch_checkpoints == 56 and every_epoch.checkpoints > 150e9
+    # 300k updates of 28,672 x 0.70 target tokens over 4.5M pairs of ~30 pieces: 45 epochs, a checkpoint each.
+    assert every_epoch.epoch_checkpoints == 45 and every_epoch.checkpoints > 150e9
 
 
 # ---- the data path, on generated archives laid out like WMT's ----------------------------
