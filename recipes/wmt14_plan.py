@@ -527,7 +527,7 @@ def plan_text(r: Recipe, dry_run: bool) -> str:
     lines.append(f"tokens per update: {w.processes} x {b.max_tokens} (--max-tokens) x {b.update_freq} (--update-freq)"
                  f" = {b.tokens_per_update:,} padded tokens; target {b.target:,}"
                  + (" (the paper's ~25k source + 25k target)" if b.target == PAPER_BATCH else "")
-                 + f": {b.deviation:+.1%}, {verdict} 10%")
+                 + f": {b.deviation:+.2%}, {verdict} 10%")
     if not b.within_tolerance:
         lines.append(f"  WARNING: this batch is not the paper's; set MAX_TOKENS/UPDATE_FREQ "
                      f"(a process's batch must hold the longest pair: at least {MIN_MAX_TOKENS} tokens)")
