@@ -405,7 +405,7 @@ def stage_fingerprints(r: Recipe) -> dict[str, str]:
     for stage in stages(r):
         commands = stage.commands
         if stage.name == "data":  # where the archives come from does not change them (checksums)
-            commands = [[a for a in archives(r.pair)], ["manifest", r.manifest]]
+            commands = [archives(r.pair), ["manifest", r.manifest]]
         if stage.name == "train":  # every node runs the same training whatever its rank
             commands = [_without_option(c, "--node-rank") for c in commands]
         chain += f"[{stage.name}]\n" + "\n".join(shlex.join(c) for c in commands) + "\n"
@@ -415,13 +415,16 @@ def stage_fingerprints(r: Recipe) -> dict[str, str]:
 
 # ---- estimates --------------------------------------------------------------------------
 
+def _linear(in_dim: int, out_dim: int) -> int:
+    return in_dim * out_dim + out_dim  # weight and bias
+
+
 def parameters(arch: str, vocab: int) -> int:
     """Transformer parameters with one embedding matrix shared by both sides and the output
     (post-norm; tests check this against nmt's own count)."""
     a = ARCH_SIZES[arch]
-    linear = lambda i, o: i * o + o  # noqa: E731
-    attention = 4 * linear(a.dim, a.dim)
-    ffn = linear(a.dim, a.ffn_dim) + linear(a.ffn_dim, a.dim)
+    attention = 4 * _linear(a.dim, a.dim)
+    ffn = _linear(a.dim, a.ffn_dim) + _linear(a.ffn_dim, a.dim)
     encoder_layer = attention + ffn + 2 * 2 * a.dim
     decoder_layer = 2 * attention + ffn + 3 * 2 * a.dim
     return vocab * a.dim + a.layers * (encoder_layer + decoder_layer)

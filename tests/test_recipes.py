@@ -377,6 +377,17 @@ def test_wmt14_en_de_smoke_from_a_fresh_clone(tmp_path):
     assert "Cannot open" not in first.stderr
     hypotheses = work / "run_transformer_tiny" / "newstest2014.en-de.de"
     assert len(hypotheses.read_text(encoding="utf-8").splitlines()) == 100
+    # The disk estimate's bytes per parameter: Adam's two float32 moments beside the weights.
+    import torch
+
+    state = torch.load(work / "run_transformer_tiny" / "checkpoint_last.pt", weights_only=True)
+    parameters = plan.parameters("transformer_tiny", len(state["src_dict"]))
+    moments = [t for s in state["optimizer"]["state"].values() for name, t in s.items() if name != "step"]
+    optimizer_bytes = plan.CHECKPOINT_BYTES_PER_PARAMETER - plan.AVERAGED_BYTES_PER_PARAMETER
+    assert sum(t.numel() * t.element_size() for t in moments) == optimizer_bytes * parameters
+    averaged = torch.load(work / "run_transformer_tiny" / "checkpoint_avg2.pt", weights_only=True)
+    assert sum(t.numel() * t.element_size() for t in averaged["model"].values()) >= 4 * parameters
+    assert "optimizer" not in averaged
 
     second = run_recipe("wmt14_en_de.sh", env)
     assert BLEU_LINE.search(second.stdout)
