@@ -23,6 +23,7 @@
 #   WMT14_DIR=/data/wmt14 bash recipes/wmt14_en_de.sh        # archives or extracted files, no download
 #   SMOKE=1 bash recipes/wmt14_en_de.sh                       # generated data, tiny model, CPU: minutes
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 GPUS=8 bash ...    # on every node (NODE_RANK 0, 1, ...)
+#   WMT14_MANIFEST=mirror.tsv bash ...                        # another manifest (a mirror's URLs)
 #
 # Settings: any row of the printed table by its name (LR, DROPOUT, MAX_UPDATE, AVERAGE,
 # TOKENS_PER_UPDATE, ...), BPE_SIZE, MAX_TOKENS (a process's batch cap), UPDATE_FREQ,
@@ -111,12 +112,15 @@ await_node0() {  # the other nodes: see node rank 0's WORK, with the same plan
 }
 
 await_stage() {  # NAME SETTINGS: wait for node rank 0 to finish a stage
-    local waited=0
+    local waited=0 next_report=0
     until stage_done "$1" "$2"; do
         if [ -f "$WORK/.failed.$1" ] && [ "$WORK/.failed.$1" -nt "$WORK/.node0" ]; then
             die "stage $1 failed on node rank 0 (see its output); this node stops too"
         fi
-        if [ $((waited % 600)) = 0 ]; then printf 'node rank %s: waiting for node rank 0 to finish stage %s\n' "$NODE_RANK" "$1" >&2; fi
+        if [ "$waited" -ge "$next_report" ]; then
+            printf 'node rank %s: waiting for node rank 0 to finish stage %s (%s s so far)\n' "$NODE_RANK" "$1" "$waited" >&2
+            next_report=$((waited + 600))
+        fi
         sleep "$WAIT_POLL"
         waited=$((waited + WAIT_POLL))
     done

@@ -61,10 +61,16 @@ stage_data() {
         file=$(find_corpus_file "$extracted/dev/newstest2013.$lang" "$extracted/dev/dev/newstest2013.$lang")
         cp "$file" "$RAW/valid.$lang"
     done
-    file=$(find_corpus_file "$extracted/dev/newstest2014-$pair_id-src.$SRC.sgm" "$extracted/dev/sgm/newstest2014-$pair_id-src.$SRC.sgm")
-    extract_sgm "$file" > "$RAW/test.$SRC"
-    file=$(find_corpus_file "$extracted/dev/newstest2014-$pair_id-ref.$TGT.sgm" "$extracted/dev/sgm/newstest2014-$pair_id-ref.$TGT.sgm")
-    extract_sgm "$file" > "$RAW/test.$TGT"
+    local kind side
+    for kind in src ref; do
+        side=$([ "$kind" = src ] && echo "$SRC" || echo "$TGT")
+        file=$(find_corpus_file "$extracted/dev/newstest2014-$pair_id-$kind.$side.sgm" \
+            "$extracted/dev/sgm/newstest2014-$pair_id-$kind.$side.sgm")
+        if ! extract_sgm "$file" > "$RAW/test.$side"; then
+            echo "error: no <seg> lines in $file" >&2
+            return 1
+        fi
+    done
     local src_lines tgt_lines
     src_lines=$(wc -l < "$RAW/test.$SRC")
     tgt_lines=$(wc -l < "$RAW/test.$TGT")
