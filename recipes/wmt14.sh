@@ -1,182 +1,166 @@
 #!/usr/bin/env bash
 # WMT14 En-De / En-Fr, end to end, as in "Attention Is All You Need" (Vaswani et al., 2017).
 # Called by wmt14_en_de.sh and wmt14_en_fr.sh, which set PAIR; see those files for the
-# expected time and disk.
+# expected time and disk, and recipes/wmt14_plan.py for the paper's settings, the batch
+# arithmetic and every stage's command (printed at the start of every run).
 #
-# Stages (each skips itself when its output is complete, so re-running resumes):
-#   1 fetch     training corpora, newstest2013 (valid), newstest2014 full (test), checksummed
-#   2 extract   plain parallel text in $WORK/raw/{train,valid,test}.{src,tgt}
-#   3 prepare   nmt preprocess: Moses tokenization, cleaning, joint BPE, binarization
-#   4 train     nmt train (torchrun when GPUS > 1)
-#   5 average   last 5 (base) / 20 (big) checkpoints
-#   6 translate newstest2014 with beam 4, GNMT length penalty 0.6, max length input + 50
-#   7 score     sacreBLEU (with signature) and tokenized BLEU (compound-split for En-De)
+# Stages (each records the settings that made it; a re-run skips a stage done with the
+# same settings, redoes one whose settings changed, and refuses to continue a training
+# run with other settings):
+#   1 data      training corpora, newstest2013 (valid), newstest2014 full (test): fetched,
+#               checksummed, extracted to $WORK/raw/{train,valid,test}.{src,tgt}
+#   2 prepare   nmt preprocess: Moses tokenization (no punctuation normalization), cleaning,
+#               joint BPE, binarization
+#   3 train     nmt train (torchrun with several GPUs or nodes)
+#   4 average   the last 5 (base) / 20 (big) update checkpoints
+#   5 translate newstest2014, beam 4, GNMT length penalty 0.6, max length input + 50
+#   6 score     sacreBLEU (with signature) against the reference as WMT's SGM has it, and
+#               tokenized BLEU (compound-split for En-De)
+# A failing stage stops the recipe with a line naming it and leaves no done marker.
 #
-# Every setting below can be overridden from the environment, e.g.
 #   ARCH=transformer_big GPUS=8 bash recipes/wmt14_en_de.sh
-#   WMT14_DIR=/data/wmt14 bash recipes/wmt14_en_de.sh       # archives or extracted files, no download
-#   SMOKE=1 bash recipes/wmt14_en_de.sh                      # tiny end-to-end run on local files, CPU
+#   DRY_RUN=1 GPUS=8 bash recipes/wmt14_en_de.sh             # print the plan, run nothing
+#   WMT14_DIR=/data/wmt14 bash recipes/wmt14_en_de.sh        # archives or extracted files, no download
+#   SMOKE=1 bash recipes/wmt14_en_de.sh                       # generated data, tiny model, CPU: minutes
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 GPUS=8 bash ...    # on every node (NODE_RANK 0, 1, ...)
+#   WMT14_MANIFEST=mirror.tsv bash ...                        # another manifest (a mirror's URLs)
+#
+# Settings: any row of the printed table by its name (LR, DROPOUT, MAX_UPDATE, AVERAGE,
+# TOKENS_PER_UPDATE, ...), BPE_SIZE, MAX_TOKENS (a process's batch cap), UPDATE_FREQ,
+# PRECISION, KEEP_LAST_EPOCHS, TRAIN_FLAGS (more `nmt train` flags), WORK, WORKERS.
+# Multi-node: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT; WORK must be on a filesystem
+# that every node shares (see README.md).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PAIR=${PAIR:?set PAIR=en-de or PAIR=en-fr}
-SRC=${PAIR%-*}
-TGT=${PAIR#*-}
+: "${PAIR:?set PAIR=en-de or PAIR=en-fr}"
 SMOKE=${SMOKE:-0}
-ARCH=${ARCH:-transformer_base}
-GPUS=${GPUS:-$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}
-if [ "$SMOKE" = 1 ]; then WORK=${WORK:-$ROOT/work/wmt14_${SRC}_${TGT}_smoke}; else WORK=${WORK:-$ROOT/work/wmt14_${SRC}_${TGT}}; fi
-WMT14_DIR=${WMT14_DIR:-}
-SHARED_DATA=${SHARED_DATA:-$ROOT/../shared/data}
-
-if [ "$PAIR" = en-de ]; then BPE_SIZE=${BPE_SIZE:-32000}; else BPE_SIZE=${BPE_SIZE:-40000}; fi
-if [ "$ARCH" = transformer_big ]; then
-    MAX_UPDATE=${MAX_UPDATE:-300000}; AVERAGE=${AVERAGE:-20}
-else
-    MAX_UPDATE=${MAX_UPDATE:-100000}; AVERAGE=${AVERAGE:-5}
+DRY_RUN=${DRY_RUN:-0}
+if [ "$SMOKE" != 1 ] && [ -z "${GPUS:-}" ]; then
+    GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
 fi
-# The paper's batch: about 25k source + 25k target tokens per update, i.e.
-# MAX_TOKENS x UPDATE_FREQ x max(GPUS, 1) ~ 25-28k.
-MAX_TOKENS=${MAX_TOKENS:-3584}
-UPDATE_FREQ=${UPDATE_FREQ:-$(( 8 / (GPUS < 1 ? 1 : (GPUS > 8 ? 8 : GPUS)) ))}
-PRECISION=${PRECISION:-$([ "$GPUS" -gt 0 ] && echo bf16 || echo fp32)}
-SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-1000}
 WORKERS=${WORKERS:-$(nproc)}
-TRAIN_FLAGS=${TRAIN_FLAGS:-}
+SHARED_WORK_TIMEOUT=${SHARED_WORK_TIMEOUT:-600}  # seconds a node waits to see node rank 0's WORK
+WAIT_POLL=${WAIT_POLL:-30}  # seconds between a waiting node's looks at the done markers
+export PAIR SMOKE DRY_RUN GPUS WORKERS ROOT
 
-if [ "$SMOKE" = 1 ]; then
-    # Same stages on a tiny slice with a tiny model: a couple of minutes on a CPU.
-    ARCH=transformer_tiny BPE_SIZE=${SMOKE_BPE_SIZE:-1000} MAX_UPDATE=${SMOKE_MAX_UPDATE:-40}
-    AVERAGE=2 MAX_TOKENS=2048 UPDATE_FREQ=1 SAVE_INTERVAL_UPDATES=10 PRECISION=fp32 GPUS=0
-fi
+# The plan (stderr) and the variables it sets here: paths, CMD_<STAGE>_<N> arrays, SETTINGS_<STAGE>.
+plan=$(python3 "$ROOT/recipes/wmt14_plan.py" shell) || exit $?
+eval "$plan"
+if [ "$DRY_RUN" = 1 ]; then exit 0; fi
 
 say() { printf '\n== %s\n' "$*" >&2; }
-done_marker() { [ -f "$WORK/.done.$1" ]; }
-mark_done() { touch "$WORK/.done.$1"; }
-mkdir -p "$WORK"
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+plan_hash() { printf '%s' "${SETTINGS_SCORE%%$'\n'*}"; }  # first line: a hash of every stage's settings
 
-# ---- 1+2: fetch and extract -------------------------------------------------
-extract_sgm() {  # newstest SGM -> plain text, as fairseq's prepare-wmt14 does
-    grep '<seg id' "$1" | sed -e 's/<seg id="[0-9]*">\s*//g' -e 's/\s*<\/seg>\s*//g' -e "s/\’/\'/g"
+stage_done() {  # NAME SETTINGS: the stage finished with these settings
+    [ -f "$WORK/.done.$1" ] && [ "$(cat "$WORK/.done.$1")" = "$2" ]
 }
 
-find_corpus_file() {  # the first of several candidate paths that exists
-    local f
-    for f in "$@"; do [ -f "$f" ] && { echo "$f"; return 0; }; done
-    echo "error: none of these files exists: $*" >&2
-    return 1
-}
-
-stage_data_smoke() {
-    local raw=$WORK/raw
-    mkdir -p "$raw"
-    if [ "$PAIR" = en-de ]; then
-        local news=$SHARED_DATA/wmt_newstest2008-2012_en_de test=$SHARED_DATA/wmt14_en_de
-        for lang in en de; do
-            cat "$news"/newstest20{08,09,10,11,12}.$lang > "$raw/train.$lang"
-            head -n 500 "$test/valid.$lang" > "$raw/valid.$lang"
-            head -n 100 "$test/test.$lang" > "$raw/test.$lang"
-        done
-    else
-        # No older En-Fr news sets are at hand: train on most of newstest2013, validate on the rest.
-        local dir=$SHARED_DATA/wmt14_en_fr
-        for lang in en fr; do
-            head -n 2500 "$dir/valid.$lang" > "$raw/train.$lang"
-            tail -n 500 "$dir/valid.$lang" > "$raw/valid.$lang"
-            head -n 100 "$dir/test.$lang" > "$raw/test.$lang"
-        done
+run_stage() {  # NAME SETTINGS ON_CHANGE(redo|refuse) FUNCTION
+    local name=$1 settings=$2 on_change=$3 body=$4
+    local started=$WORK/.settings.$name
+    if stage_done "$name" "$settings"; then
+        printf '%s: done with these settings, skipped\n' "$name" >&2
+        return 0
     fi
-}
-
-stage_data_full() {
-    local orig=$WORK/orig raw=$WORK/raw
-    mkdir -p "$orig" "$raw"
-    local archives=(wmt14/europarl-v7.tgz wmt14/commoncrawl.tgz wmt14/nc-v9.tgz wmt/dev.tgz)
-    if [ "$PAIR" = en-fr ]; then archives+=(wmt14/un.tgz wmt14/giga-fren.tar); fi
-    local extracted=$orig
-    if [ -n "$WMT14_DIR" ] && [ -f "$WMT14_DIR/training/europarl-v7.$TGT-en.en" ]; then
-        extracted=$WMT14_DIR  # already extracted by the user
-    else
-        python3 "$ROOT/data/fetch.py" "${archives[@]}" --dest "$orig" ${WMT14_DIR:+--local "$WMT14_DIR"}
-        for archive in "$orig"/*.tgz "$orig"/*.tar; do
-            [ -f "$archive.extracted" ] || { tar -xf "$archive" -C "$orig" && touch "$archive.extracted"; }
-        done
-        if [ "$PAIR" = en-fr ] && [ ! -f "$orig/giga-fren.release2.fixed.en" ]; then
-            gunzip -k "$orig"/giga-fren.release2.fixed.*.gz
+    if [ -f "$started" ] && [ "$(cat "$started")" != "$settings" ]; then
+        local difference
+        difference=$(printf '%s' "$settings" | python3 "$ROOT/recipes/wmt14_plan.py" difference "$started")
+        if [ "$on_change" = refuse ]; then
+            die "stage $name: $WORK holds a run started with other settings ($difference); use another WORK, or remove $started to continue that run with these settings"
         fi
+        say "$name: the settings changed ($difference), redoing it"
     fi
-    local corpora=("training/europarl-v7.$TGT-en" "commoncrawl.$TGT-en" "training/news-commentary-v9.$TGT-en")
-    if [ "$PAIR" = en-fr ]; then corpora+=("un/undoc.2000.fr-en" "giga-fren.release2.fixed"); fi
-    for lang in "$SRC" "$TGT"; do
-        : > "$raw/train.$lang.tmp"
-        for corpus in "${corpora[@]}"; do
-            cat "$(find_corpus_file "$extracted/$corpus.$lang")" >> "$raw/train.$lang.tmp"
-        done
-        mv "$raw/train.$lang.tmp" "$raw/train.$lang"
-        cp "$(find_corpus_file "$extracted/dev/newstest2013.$lang")" "$raw/valid.$lang"
-    done
-    local pair_id=$([ "$PAIR" = en-de ] && echo deen || echo fren)
-    extract_sgm "$(find_corpus_file "$extracted/dev/newstest2014-$pair_id-src.$SRC.sgm")" > "$raw/test.$SRC"
-    extract_sgm "$(find_corpus_file "$extracted/dev/newstest2014-$pair_id-ref.$TGT.sgm")" > "$raw/test.$TGT"
+    rm -f "$WORK/.done.$name" "$WORK/.failed.$name"
+    printf '%s\n' "$settings" > "$started"
+    say "$name"
+    # A subshell outside any `||` or `if`, so that `set -e` holds for every command in it.
+    set +e
+    (set -e; "$body")
+    local status=$?
+    set -e
+    if [ "$status" != 0 ]; then
+        printf '%s\n' "$status" > "$WORK/.failed.$name"
+        die "stage $name failed (exit $status) and left no done marker; fix the cause above and run the recipe again"
+    fi
+    printf '%s\n' "$settings" > "$WORK/.done.$name"
 }
 
-if ! done_marker data; then
-    say "data -> $WORK/raw"
-    if [ "$SMOKE" = 1 ]; then stage_data_smoke; else stage_data_full; fi
-    mark_done data
-fi
+# ---- 1: data (recipes/wmt14_data.sh) ------------------------------------------------
+# shellcheck source=recipes/wmt14_data.sh
+source "$ROOT/recipes/wmt14_data.sh"
 
-# ---- 3: prepare ----------------------------------------------------------------
-DATA_BIN=$WORK/data-bin
-if ! done_marker prepare; then
-    say "preprocess -> $DATA_BIN"
-    nmt preprocess -s "$SRC" -t "$TGT" \
-        --trainpref "$WORK/raw/train" --validpref "$WORK/raw/valid" --testpref "$WORK/raw/test" \
-        --destdir "$DATA_BIN" --joined-dictionary --bpe-size "$BPE_SIZE" --bpe-sample 2000000 \
-        --max-len 250 --max-ratio 1.5 --workers "$WORKERS" --force
-    mark_done prepare
-fi
+stage_prepare() { "${CMD_PREPARE_0[@]}"; }
+stage_train() { "${CMD_TRAIN_0[@]}"; }
+stage_average() { "${CMD_AVERAGE_0[@]}"; }
+stage_translate() { "${CMD_TRANSLATE_0[@]}"; mv "$HYP.tmp" "$HYP"; }
 
-# ---- 4: train ------------------------------------------------------------------
-RUN=$WORK/run_$ARCH
-if ! done_marker "train_$ARCH"; then
-    say "train $ARCH on $GPUS GPU(s) -> $RUN"
-    launcher=(nmt)
-    if [ "$GPUS" -gt 1 ]; then launcher=(torchrun --nproc-per-node "$GPUS" -m nmt_cli); fi
-    # shellcheck disable=SC2086  # TRAIN_FLAGS is a list of extra flags
-    "${launcher[@]}" train "$DATA_BIN" --arch "$ARCH" --save-dir "$RUN" --share-all-embeddings \
-        --adam-betas '0.9 0.98' --adam-eps 1e-9 --clip-norm 0.0 \
-        --lr 7e-4 --lr-scheduler inverse_sqrt --warmup-updates 4000 --warmup-init-lr 1e-7 \
-        --label-smoothing 0.1 --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" \
-        --precision "$PRECISION" --max-update "$MAX_UPDATE" \
-        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$((AVERAGE + 5))" \
-        --log-interval 100 $TRAIN_FLAGS
-    mark_done "train_$ARCH"
-fi
+# ---- multi-node: stages other than training run on node rank 0 ----------------------
+await_node0() {  # the other nodes: see node rank 0's WORK, with the same plan
+    local waited=0
+    while [ "$(cat "$WORK/.node0" 2>/dev/null)" != "$(plan_hash)" ]; do
+        if [ "$waited" -ge "$SHARED_WORK_TIMEOUT" ]; then
+            if [ -f "$WORK/.node0" ]; then
+                die "node rank 0 runs other settings (plan $(cat "$WORK/.node0"), here $(plan_hash)): start every node with the same settings"
+            fi
+            die "node rank 0's $WORK/.node0 did not appear within $SHARED_WORK_TIMEOUT s: a multi-node run needs WORK on a filesystem that every node shares"
+        fi
+        sleep "$WAIT_POLL"
+        waited=$((waited + WAIT_POLL))
+    done
+}
 
-# ---- 5: average ----------------------------------------------------------------
-AVG=$RUN/checkpoint_avg$AVERAGE.pt
-if [ ! -f "$AVG" ]; then
-    say "average the last $AVERAGE checkpoints -> $AVG"
-    nmt average --inputs "$RUN" --num-update-checkpoints "$AVERAGE" --output "$AVG"
-fi
+await_stage() {  # NAME SETTINGS: wait for node rank 0 to finish a stage
+    local waited=0 next_report=0
+    until stage_done "$1" "$2"; do
+        if [ -f "$WORK/.failed.$1" ] && [ "$WORK/.failed.$1" -nt "$WORK/.node0" ]; then
+            die "stage $1 failed on node rank 0 (see its output); this node stops too"
+        fi
+        if [ "$waited" -ge "$next_report" ]; then
+            printf 'node rank %s: waiting for node rank 0 to finish stage %s (%s s so far)\n' "$NODE_RANK" "$1" "$waited" >&2
+            next_report=$((waited + 600))
+        fi
+        sleep "$WAIT_POLL"
+        waited=$((waited + WAIT_POLL))
+    done
+}
 
-# ---- 6: translate -------------------------------------------------------------
-HYP=$RUN/newstest2014.$SRC-$TGT.$TGT
-if [ ! -f "$HYP" ]; then
-    say "translate newstest2014 -> $HYP"
-    nmt translate --path "$AVG" --input "$WORK/raw/test.$SRC" --output "$HYP.tmp" \
-        --beam 4 --lenpen 0.6 --lenpen-style gnmt --max-len-a 1 --max-len-b 50 --max-tokens 8000
-    mv "$HYP.tmp" "$HYP"
-fi
-
-# ---- 7: score -------------------------------------------------------------------
-say "newstest2014 $SRC->$TGT ($ARCH, average of $AVERAGE)"
-nmt score --ref "$WORK/raw/test.$TGT" --hyp "$HYP"
-if [ "$PAIR" = en-de ]; then
-    nmt score --ref "$WORK/raw/test.$TGT" --hyp "$HYP" --tokenized-bleu --target-lang "$TGT" --compound-split
-    echo "paper (tokenized, compound-split): base 27.3, big 28.4" >&2
+mkdir -p "$WORK"
+if [ "$NODE_RANK" = 0 ]; then
+    rm -f "$WORK"/.failed.*
+    plan_hash > "$WORK/.node0"
 else
-    nmt score --ref "$WORK/raw/test.$TGT" --hyp "$HYP" --tokenized-bleu --target-lang "$TGT"
-    echo "paper (tokenized): big 41.8" >&2
+    await_node0
+fi
+
+step() {  # NAME SETTINGS ON_CHANGE FUNCTION: run on node rank 0, wait for it elsewhere
+    if [ "$NODE_RANK" = 0 ]; then run_stage "$@"; else await_stage "$1" "$2"; fi
+}
+
+step data "$SETTINGS_DATA" redo stage_data
+step prepare "$SETTINGS_PREPARE" redo stage_prepare
+if [ "$NODE_RANK" = 0 ]; then
+    run_stage train "$SETTINGS_TRAIN" refuse stage_train
+else
+    # Every node joins the same torchrun; node rank 0 keeps the markers.
+    if stage_done train "$SETTINGS_TRAIN"; then
+        printf 'train: done with these settings, skipped\n' >&2
+    else
+        say "train (node rank $NODE_RANK of $NNODES)"
+        "${CMD_TRAIN_0[@]}" || die "stage train failed on node rank $NODE_RANK (exit $?)"
+    fi
+    say "node rank $NODE_RANK: training done; node rank 0 averages, translates and scores"
+    exit 0
+fi
+run_stage average "$SETTINGS_AVERAGE" redo stage_average
+run_stage translate "$SETTINGS_TRANSLATE" redo stage_translate
+
+# ---- 6: score ----------------------------------------------------------------------
+say "score: newstest2014 $SRC->$TGT ($ARCH, average of $AVERAGE)"
+"${CMD_SCORE_0[@]}" || die "stage score failed (exit $?)"
+"${CMD_SCORE_1[@]}" || die "stage score failed (exit $?)"
+if [ -n "$PAPER_BLEU" ]; then
+    split=$([ "$PAIR" = en-de ] && echo ", compound-split" || echo "")
+    echo "paper ($ARCH, tokenized BLEU$split): $PAPER_BLEU" >&2
 fi

@@ -119,3 +119,42 @@ def test_manifest_lists_every_recipe_corpus_with_checksums():
             assert f"multi30k/{split}.{lang}" in corpora
     for corpus in corpora.values():
         assert len(corpus.sha256) == 64 and corpus.size > 0 and corpus.unpack in ("gunzip", "none")
+
+
+def load_recipe_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_manifest_lists_every_wmt14_archive_the_recipe_fetches():
+    plan = load_recipe_module("wmt14_plan")
+    corpora = fetch.read_manifest(fetch.MANIFEST)
+    for pair in ("en-de", "en-fr"):
+        for name in plan.archives(pair):
+            assert name in corpora and corpora[name].unpack == "none"
+
+
+@pytest.mark.parametrize("pair", ["en-de", "en-fr"])
+def test_generated_wmt14_archives_verify_and_a_truncated_one_is_refused(tmp_path, capsys, pair):
+    """The SMOKE archives pass fetch's checks from a local directory; one cut short does not,
+    and leaves nothing at its final name."""
+    plan = load_recipe_module("wmt14_plan")
+    smoke_data = load_recipe_module("wmt14_smoke_data")
+    local = tmp_path / "local"
+    manifest = smoke_data.write(pair, local, 60)
+    names = plan.archives(pair)
+    dest = tmp_path / "dest"
+    assert fetch.main([*names, "--dest", str(dest), "--local", str(local), "--manifest", str(manifest)]) == 0
+    assert sorted(p.name for p in dest.iterdir()) == sorted(n.rsplit("/", 1)[-1] for n in names)
+    # Same arguments, same bytes: the manifest's checksums hold from one run to the next.
+    assert smoke_data.write(pair, tmp_path / "again", 60).read_text() == manifest.read_text()
+
+    archive = local / "dev.tgz"
+    archive.write_bytes(archive.read_bytes()[:-10])
+    fresh = tmp_path / "fresh"
+    assert fetch.main(["wmt/dev.tgz", "--dest", str(fresh), "--local", str(local), "--manifest", str(manifest)]) == 1
+    assert "checksum mismatch" in capsys.readouterr().err
+    assert not (fresh / "dev.tgz").exists() and not list(fresh.glob(".*"))
