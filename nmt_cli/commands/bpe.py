@@ -68,11 +68,11 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     Streams line by line: exactly one output line per input line, in order
     (an empty line stays empty).
     """
-    from nmt_cli.commands.outputs import opened, refuse_overwriting_input
+    from nmt_cli.commands.outputs import opened, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
 
-    refuse_overwriting_input(output_path, input_path)
+    refuse_overwriting_inputs(output_path, [("--input", input_path), ("--model", model)])
     bpe = BpeModel(Path(model))
     lines = _input_lines(input_path)
     interactive = input_path == "-" and sys.stdin.isatty()
