@@ -15,13 +15,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.checkpoint import save_checkpoint
+from nmt_cli.checkpoint import serialise_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import replace_atomically
+from nmt_cli.staging import fsync_directory, fsync_path, replace_atomically, temp_sibling
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+# The journal of a save in progress: which complete temporary files become which checkpoints.
+PENDING_SAVE = ".checkpoint_save.json"
 EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
@@ -57,27 +59,75 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
 
 
 def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:
-    """Which files this save writes: the numbered ones its cadence asks for, then last/best."""
+    """Which files this save writes: the numbered ones its cadence asks for, best, then last
+    (renamed into place in this order: checkpoint_last.pt marks the save complete)."""
     names = []
     if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0:
         names.append(f"checkpoint{epoch}.pt")
     if not end_of_epoch and cfg.save_interval_updates and num_updates % cfg.save_interval_updates == 0:
         names.append(f"checkpoint_{epoch}_{num_updates}.pt")
-    names.append(LAST)
     if is_best:
         names.append(BEST)
+    names.append(LAST)
     return names
 
 
 def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -> None:
-    """Serialise once to the first name, then copy atomically to the others."""
-    first = save_dir / names[0]
-    save_checkpoint(state, first)
-    for name in names[1:]:
+    """Write the files `names` of one save so that, whatever the moment of a kill, the run
+    directory holds the previous save or this one whole: never a checkpoint_last.pt beside
+    a checkpoint_best.pt (or numbered file) that the save did not finish.
+
+    Every file is first written whole under its temporary name (serialised once, then
+    copied); then a journal naming them is written; then they are renamed into place,
+    checkpoint_last.pt (what a resumed run trusts) last; then the journal goes. Killed
+    before the journal exists, the previous save stands and its temporary files are swept;
+    killed after, the next start finishes the renames (`finish_pending_save`).
+    """
+    temps = [temp_sibling(save_dir / name) for name in names]
+    try:
+        serialise_checkpoint(state, temps[0], save_dir / names[0])
+        for name, tmp in zip(names[1:], temps[1:]):
+            try:
+                shutil.copyfile(temps[0], tmp)
+                fsync_path(tmp)
+            except OSError as error:
+                raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
+        journal = json.dumps({"renames": [[tmp.name, name] for tmp, name in zip(temps, names)]}) + "\n"
         try:
-            replace_atomically(save_dir / name, partial(shutil.copyfile, first))
+            replace_atomically(save_dir / PENDING_SAVE, lambda path: path.write_text(journal, encoding="utf-8"))
         except OSError as error:
-            raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
+            raise NmtError(f"cannot write {save_dir / PENDING_SAVE}: {error.strerror or error}") from None
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    finish_pending_save(save_dir)
+
+
+def finish_pending_save(save_dir: Path) -> None:
+    """Complete the renames of a save whose journal exists (one killed half-way through
+    them, or this process's own), then drop the journal."""
+    journal_path = save_dir / PENDING_SAVE
+    if not journal_path.exists():
+        return
+    try:
+        renames = json.loads(journal_path.read_text(encoding="utf-8"))["renames"]
+        pairs = [(str(tmp), str(name)) for tmp, name in renames]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise NmtError(f"{journal_path} is damaged: it should name the checkpoint files of an unfinished save; "
+                       "remove it to resume from checkpoint_last.pt as it is") from None
+    try:
+        for tmp, name in pairs:
+            if "/" in tmp or "/" in name:
+                raise NmtError(f"{journal_path} names a file outside the run directory: {tmp} -> {name}")
+            if (save_dir / tmp).is_file():  # gone: renamed before the kill
+                os.replace(save_dir / tmp, save_dir / name)
+        fsync_directory(save_dir)
+        journal_path.unlink()
+        fsync_directory(save_dir)
+    except OSError as error:
+        raise NmtError(f"cannot finish the checkpoint save recorded in {journal_path}: "
+                       f"{error.strerror or error}") from None
 
 
 def files_to_prune(names: list[str], keep_last_epochs: int, keep_interval_updates: int) -> list[str]:
