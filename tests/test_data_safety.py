@@ -155,8 +155,12 @@ def test_the_lock_of_a_killed_process_is_released_by_the_os(tmp_path):
             pass
     holder.kill()
     holder.wait(timeout=60)
+    assert lock_path_for(run) == tmp_path / ".run.lock" and lock_path_for(run).exists()  # left, but not held
     with directory_lock(tmp_path / "." / "run", "--save-dir"):  # another spelling, the same lock
-        assert lock_path_for(run) == tmp_path / ".run.lock"
+        with pytest.raises(NmtError, match=f"pid {os.getpid()} on host"):
+            with directory_lock(run, "--save-dir"):
+                pass
+    assert not lock_path_for(run).exists()  # a holder that ends normally removes it
 
 
 # --- the input read once ---------------------------------------------------------------------------

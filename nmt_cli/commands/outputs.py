@@ -114,11 +114,15 @@ def published_output(path: str) -> Iterator[BinaryIO]:
     if path == "-":
         yield sys.stdout.buffer
         return
-    target = Path(os.path.realpath(path))  # through a link: replace the file it names, keep the link
-    if target.exists() and not target.is_file():  # /dev/null, a FIFO: stream into it
+    try:
+        existing = os.stat(path)
+    except (OSError, ValueError):
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):  # /dev/null, /dev/stdout, a FIFO: stream
         with opened(path, "wb") as stream:
             yield stream
         return
+    target = Path(os.path.realpath(path))  # through a link: replace the file it names, keep the link
     body_done = False
     try:
         with published_on_success(target) as tmp:
