@@ -171,5 +171,8 @@ def average(cfg: AverageConfig) -> list[Path]:
 def _run_checkpoints(cfg: AverageConfig, paths: Sequence[Path]) -> list[Path]:
     """The training checkpoints (last, best, numbered) of the run directories that `paths` come from."""
     directories = {Path(cfg.inputs[0])} if cfg.num_last is not None else {path.parent for path in paths}
-    return [path for directory in sorted(directories) if directory.is_dir() for path in sorted(directory.iterdir())
-            if path.name in (LAST, BEST) or UPDATE_CHECKPOINT.fullmatch(path.name) or EPOCH_CHECKPOINT.fullmatch(path.name)]
+    def is_training_checkpoint(name: str) -> bool:
+        return name in (LAST, BEST) or bool(UPDATE_CHECKPOINT.fullmatch(name) or EPOCH_CHECKPOINT.fullmatch(name))
+
+    return [path for directory in sorted(directories) if directory.is_dir()
+            for path in sorted(directory.iterdir()) if is_training_checkpoint(path.name)]

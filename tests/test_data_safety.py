@@ -37,9 +37,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
         "--lr", "3e-3", "--warmup-updates", "20", "--device", "cpu"]
-# Eight updates in two epochs, validated and saved every two: four saves, each a new best.
+# Eight updates in two epochs, validated and saved every two (four saves, each a new best),
+# the newest two numbered by updates kept.
 RUN = [*TINY, "--max-update", "8", "--save-interval-updates", "2", "--validate-interval-updates", "2",
-       "--log-interval", "1"]
+       "--keep-interval-updates", "2", "--log-interval", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -343,7 +344,7 @@ def test_a_stale_best_checkpoint_is_repaired_on_resume(tmp_path, data_bin, strai
     run = tmp_path / "run"
     straight, _ = straight_run
     shutil.copytree(straight, run)
-    older = next(run.glob("checkpoint_*_4.pt"))
+    older = next(run.glob("checkpoint_*_6.pt"))
     shutil.copyfile(older, run / "checkpoint_best.pt")
     result = nmt(["train", data_bin, "--save-dir", run, *RUN])
     assert result.exit_code == 0, result.output

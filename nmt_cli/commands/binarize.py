@@ -35,7 +35,8 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     if not Path(dict_path).is_file():
         raise NmtError(f"dictionary not found: {dict_path}")
     for suffix in (".bin", ".idx"):
-        refuse_overwriting_inputs(f"{prefix}{suffix}", [("--input", input_path), ("--dict", dict_path)], "--output-prefix")
+        refuse_overwriting_inputs(f"{prefix}{suffix}", [("--input", input_path), ("--dict", dict_path)],
+                                  "--output-prefix")
     num_lines = count_lines(source)
     make_parent_directory(prefix)
     with directory_lock(prefix.parent, "the --output-prefix directory"):  # one writer per data-bin
@@ -44,7 +45,8 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
         partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
         try:
             with JobRunner(workers) as runner:
-                result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter, f"binarize {source}")
+                result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter,
+                                       f"binarize {source}")
             _publish_pair(partial, prefix)
         except BaseException as error:
             # Bad input (NmtError), a full disk or Ctrl-C: none may leave a partial file behind.

@@ -118,7 +118,8 @@ def train(**params) -> None:
         disable_validation=params["disable_validation"], best_checkpoint_metric=params["best_checkpoint_metric"],
         save_interval=params["save_interval"], save_interval_updates=params["save_interval_updates"],
         keep_last_epochs=params["keep_last_epochs"], keep_interval_updates=params["keep_interval_updates"],
-        reset_optimizer=params["reset_optimizer"], reset_run=params["reset_run"], finetune_from=params["finetune_from"], seed=params["seed"],
+        reset_optimizer=params["reset_optimizer"], reset_run=params["reset_run"],
+        finetune_from=params["finetune_from"], seed=params["seed"],
         device=params["device"], precision=params["precision"], compile=params["compile_model"],
         log_interval=params["log_interval"],
     )

@@ -73,10 +73,9 @@ def repair_best_checkpoint(save_dir: Path, warn: Callable[[str], None]) -> None:
     if best is not None and best.get("best_metric") == best_metric:
         return
     condition = "stale" if (save_dir / BEST).exists() else "missing"
-    candidates = [LAST] + sorted((n for n in run_history(save_dir) if EPOCH_NAME.match(n) or UPDATE_NAME.match(n)),
-                                 key=lambda n: -(_progress_of(save_dir / n) or {}).get("num_updates", -1))
-    for name in candidates:
-        progress = _progress_of(save_dir / name)
+    numbered = [n for n in run_history(save_dir) if EPOCH_NAME.match(n) or UPDATE_NAME.match(n)]
+    for name in [LAST, *numbered]:
+        progress = last if name == LAST else _progress_of(save_dir / name)
         if progress is not None and _is_best_save(progress, best_metric):
             replace_atomically(save_dir / BEST, partial(shutil.copyfile, save_dir / name))
             warn(f"{save_dir / BEST} was {condition} (the run's best valid value is {best_metric:g}); "
@@ -88,8 +87,9 @@ def repair_best_checkpoint(save_dir: Path, warn: Callable[[str], None]) -> None:
 
 def _is_best_save(progress: dict[str, Any], best_metric: float) -> bool:
     """Whether a checkpoint was written right after the validation that set `best_metric`."""
+    validated_at = progress.get("validated_at")
     return (progress.get("best_metric") == best_metric and progress.get("patience_counter") == 0
-            and progress.get("validated_at") is not None and progress.get("validated_at") == progress.get("num_updates"))
+            and validated_at is not None and validated_at == progress.get("num_updates"))
 
 
 def _progress_of(path: Path) -> dict[str, Any] | None:

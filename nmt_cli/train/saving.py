@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -72,16 +73,17 @@ def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: Trai
     return names
 
 
-def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -> None:
+def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str], doomed: Sequence[str] = ()) -> None:
     """Write the files `names` of one save so that, whatever the moment of a kill, the run
     directory holds the previous save or this one whole: never a checkpoint_last.pt beside
     a checkpoint_best.pt (or numbered file) that the save did not finish.
 
     Every file is first written whole under its temporary name (serialised once, then
     copied); then a journal naming them is written; then they are renamed into place,
-    checkpoint_last.pt (what a resumed run trusts) last; then the journal goes. Killed
-    before the journal exists, the previous save stands and its temporary files are swept;
-    killed after, the next start finishes the renames (`finish_pending_save`).
+    checkpoint_last.pt (what a resumed run trusts) last; then the numbered checkpoints
+    `doomed` by retention are deleted; then the journal goes. Killed before the journal
+    exists, the previous save stands and its temporary files are swept; killed after, the
+    next start finishes the renames and deletions (`finish_pending_save`).
     """
     temps = [temp_sibling(save_dir / name) for name in names]
     try:
@@ -92,7 +94,8 @@ def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -
                 fsync_path(tmp)
             except OSError as error:
                 raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
-        journal = json.dumps({"renames": [[tmp.name, name] for tmp, name in zip(temps, names)]}) + "\n"
+        journal = json.dumps({"renames": [[tmp.name, name] for tmp, name in zip(temps, names)],
+                              "deletions": list(doomed)}) + "\n"
         try:
             replace_atomically(save_dir / PENDING_SAVE, lambda path: path.write_text(journal, encoding="utf-8"))
         except OSError as error:
@@ -111,18 +114,21 @@ def finish_pending_save(save_dir: Path) -> None:
     if not journal_path.exists():
         return
     try:
-        renames = json.loads(journal_path.read_text(encoding="utf-8"))["renames"]
-        pairs = [(str(tmp), str(name)) for tmp, name in renames]
+        journal = json.loads(journal_path.read_text(encoding="utf-8"))
+        pairs = [(str(tmp), str(name)) for tmp, name in journal["renames"]]
+        deletions = [str(name) for name in journal["deletions"]]
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         raise NmtError(f"{journal_path} is damaged: it should name the checkpoint files of an unfinished save; "
                        "remove it to resume from checkpoint_last.pt as it is") from None
     try:
+        if any("/" in name for name in [*deletions, *(n for pair in pairs for n in pair)]):
+            raise NmtError(f"{journal_path} names a file outside the run directory")
         for tmp, name in pairs:
-            if "/" in tmp or "/" in name:
-                raise NmtError(f"{journal_path} names a file outside the run directory: {tmp} -> {name}")
             if (save_dir / tmp).is_file():  # gone: renamed before the kill
                 os.replace(save_dir / tmp, save_dir / name)
         fsync_directory(save_dir)
+        for name in deletions:
+            (save_dir / name).unlink(missing_ok=True)
         journal_path.unlink()
         fsync_directory(save_dir)
     except OSError as error:
@@ -142,7 +148,8 @@ def files_to_prune(names: list[str], keep_last_epochs: int, keep_interval_update
     return doomed
 
 
-def prune_checkpoints(save_dir: Path, cfg: TrainConfig) -> None:
-    names = [p.name for p in save_dir.iterdir()]
-    for name in files_to_prune(names, cfg.keep_last_epochs, cfg.keep_interval_updates):
-        (save_dir / name).unlink(missing_ok=True)
+def checkpoints_to_prune(save_dir: Path, names: list[str], cfg: TrainConfig) -> list[str]:
+    """The numbered checkpoints that retention deletes once the save of `names` is in place."""
+    existing = [p.name for p in save_dir.iterdir()]
+    return [name for name in files_to_prune(sorted(set(existing) | set(names)), cfg.keep_last_epochs,
+                                            cfg.keep_interval_updates) if name not in names]

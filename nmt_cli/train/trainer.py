@@ -28,7 +28,14 @@ from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
-from nmt_cli.train.saving import LAST, check_writable, checkpoint_names, prepare_run_dir, prune_checkpoints, write_checkpoints
+from nmt_cli.train.saving import (
+    LAST,
+    check_writable,
+    checkpoint_names,
+    checkpoints_to_prune,
+    prepare_run_dir,
+    write_checkpoints,
+)
 from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
 from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
@@ -344,8 +351,8 @@ class Trainer:
             return
         epoch = completed_epoch if completed_epoch is not None else self.progress.epoch
         names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best)
-        write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names)
-        prune_checkpoints(self.save_dir, self.cfg)
+        doomed = checkpoints_to_prune(self.save_dir, names, self.cfg)
+        write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names, doomed)
 
     def _checkpoint_state(self, epoch: int, log_window: dict[str, Any]) -> dict[str, Any]:
         engine, data = self.engine, self.data
