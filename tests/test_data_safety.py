@@ -239,6 +239,23 @@ def test_translate_output_is_left_untouched_when_translating_stops(tmp_path, dat
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
+def test_apply_bpe_output_is_left_untouched_when_segmenting_stops(tmp_path):
+    from nmt_cli.text.bpe import learn_bpe
+
+    model = tmp_path / "bpe.model"
+    learn_bpe((" ".join(WORDS[i % 9: i % 9 + 4]) for i in range(200)), model, 18, 0, 1)
+    out = tmp_path / "out.txt"
+    out.write_text("earlier pieces\n")
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"w1 w2\nw3\n\xff w4\n")
+    result = nmt(["apply-bpe", "--model", model, "--input", source, "--output", out])
+    assert_one_error(result.exit_code, result.stderr, f"{source}:3")
+    assert out.read_text() == "earlier pieces\n" and not list(tmp_path.glob(".out.txt.*"))
+    source.write_bytes(b"w1 w2\nw3\n")
+    assert nmt(["apply-bpe", "--model", model, "--input", source, "--output", out]).exit_code == 0
+    assert len(out.read_text().splitlines()) == 2
+
+
 def binarize_text(path: Path, rows: list[list[str]]) -> Path:
     path.write_text("".join(" ".join(row) + "\n" for row in rows))
     return path
@@ -382,6 +399,17 @@ def test_a_run_directory_with_history_but_no_last_checkpoint_is_refused(tmp_path
     assert [(r["type"], r["update"]) for r in records] == [("valid", 2)]  # this run's record alone
 
 
+def test_reset_run_never_deletes_the_checkpoint_it_is_to_finetune_from(tmp_path, data_bin):
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(load_checkpoint(tiny_run_dir(data_bin, tmp_path / "tiny") / "checkpoint_best.pt"),
+                    run / "checkpoint_best.pt")
+    result = nmt(["train", data_bin, "--save-dir", run, *TINY, "--max-update", "2", "--reset-run",
+                  "--finetune-from", run / "checkpoint_best.pt"])
+    assert_one_error(result.exit_code, result.stderr, "--finetune-from", "--reset-run deletes")
+    assert (run / "checkpoint_best.pt").exists()
+
+
 def test_resuming_on_another_data_bin_is_refused(tmp_path, data_bin):
     other = write_data_bin(tmp_path / "other", {"train": reversal_pairs(120, seed=7), "valid": reversal_pairs(20, 1)})
     run = tmp_path / "run"
@@ -417,6 +445,8 @@ def test_no_command_writes_over_one_of_its_inputs(tmp_path, data_bin):
         "average --output the run's last checkpoint": (
             ["average", "--inputs", run, "--num-update-checkpoints", "2", "--output", run / "checkpoint_last.pt"],
             "--inputs"),
+        "learn-bpe over its input": (["learn-bpe", "--input", bpe_model, "--vocab-size", "8", "--model-prefix",
+                                      tmp_path / "bpe"], "--input"),
         "binarize over its input": (["binarize", "--dict", run / "dict.src.txt", "--input", tmp_path / "x.bin",
                                      "--output-prefix", tmp_path / "x"], "--input"),
     }

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO
 
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import published_on_success
@@ -106,20 +106,21 @@ def refuse_overwriting_inputs(output_path: str | Path, inputs: Iterable[tuple[st
 
 
 @contextmanager
-def published_output(path: str) -> Iterator[BinaryIO]:
-    """`path` ("-": stdout) opened for writing bytes so that a reader never finds part of
-    it: a file is written as a hidden temporary sibling and renamed over `path` when the
-    block ends normally. After an error or an interrupt the temporary file is removed and
-    an earlier `path` is left as it was (stdout streams as it is written)."""
+def published_output(path: str, mode: str = "wb") -> Iterator[IO]:
+    """`path` ("-": stdout) opened for writing, in `mode` "wb" or "w" (as `opened`), so that
+    a reader never finds part of it: a file is written as a hidden temporary sibling and
+    renamed over `path` when the block ends normally. After an error or an interrupt the
+    temporary file is removed and an earlier `path` is left as it was (stdout streams as
+    it is written)."""
     if path == "-":
-        yield sys.stdout.buffer
+        yield sys.stdout.buffer if mode == "wb" else sys.stdout
         return
     try:
         existing = os.stat(path)
     except (OSError, ValueError):
         existing = None
     if existing is not None and not stat.S_ISREG(existing.st_mode):  # /dev/null, /dev/stdout, a FIFO: stream
-        with opened(path, "wb") as stream:
+        with opened(path, mode) as stream:
             yield stream
         return
     target = Path(os.path.realpath(path))  # through a link: replace the file it names, keep the link
@@ -127,7 +128,7 @@ def published_output(path: str) -> Iterator[BinaryIO]:
     try:
         with published_on_success(target) as tmp:
             try:
-                stream = open(tmp, "wb")
+                stream = open(tmp, "wb") if mode == "wb" else open(tmp, "w", encoding="utf-8", newline="\n")
                 if target.exists():
                     shutil.copymode(target, tmp)  # keep the permissions of the file replaced
             except OSError as error:

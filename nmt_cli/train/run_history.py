@@ -30,10 +30,13 @@ from nmt_cli.train.saving import BEST, EPOCH_NAME, LAST, UPDATE_NAME, finish_pen
 FINGERPRINT_EDGE_BYTES = 1 << 20
 
 
-def recover_run_dir(save_dir: Path, reset_run: bool, warn: Callable[[str], None]) -> None:
+def recover_run_dir(save_dir: Path, reset_run: bool, finetune_from: str | None, warn: Callable[[str], None]) -> None:
     """Bring `save_dir` to a state training can start from (rank 0 only, before resuming)."""
     finish_pending_save(save_dir)
     history = run_history(save_dir)
+    if reset_run and finetune_from and any(_same_file(save_dir / name, Path(finetune_from)) for name in history):
+        raise NmtError(f"--finetune-from {finetune_from} is one of the files of --save-dir {save_dir} that "
+                       "--reset-run deletes; copy it elsewhere first")
     if reset_run and history:
         for name in history:
             (save_dir / name).unlink(missing_ok=True)
@@ -47,6 +50,13 @@ def recover_run_dir(save_dir: Path, reset_run: bool, warn: Callable[[str], None]
     # cut only on some resumes) may never be written again.
     remove_stale_temp_files_in(save_dir)
     repair_best_checkpoint(save_dir, warn)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def run_history(save_dir: Path) -> list[str]:
