@@ -399,6 +399,21 @@ def test_a_run_directory_with_history_but_no_last_checkpoint_is_refused(tmp_path
     assert [(r["type"], r["update"]) for r in records] == [("valid", 2)]  # this run's record alone
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path, data_bin):
+    """Its log alone, beside the config.json of the same command, is no earlier run to keep."""
+    args = ["train", data_bin, "--save-dir", tmp_path / "run", *TINY, "--max-update", "2", "--log-interval", "1"]
+    assert nmt(args).exit_code == 0
+    log = (tmp_path / "run" / "train_log.jsonl").read_text()
+    for checkpoint in (tmp_path / "run").glob("*.pt"):
+        checkpoint.unlink()
+    assert nmt(args).exit_code == 0
+    assert (tmp_path / "run" / "train_log.jsonl").read_text().count("\n") == log.count("\n")
+    for checkpoint in (tmp_path / "run").glob("*.pt"):
+        checkpoint.unlink()
+    result = nmt([*args, "--lr", "1e-3"])  # another command: the log is another run's
+    assert_one_error(result.exit_code, result.stderr, "holds an earlier run (train_log.jsonl)")
+
+
 def test_reset_run_never_deletes_the_checkpoint_it_is_to_finetune_from(tmp_path, data_bin):
     run = tmp_path / "run"
     run.mkdir()

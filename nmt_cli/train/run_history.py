@@ -20,20 +20,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin, PairDataset
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import remove_stale_temp_files_in, replace_atomically
 from nmt_cli.train.progress import LOG_NAME
-from nmt_cli.train.saving import BEST, EPOCH_NAME, LAST, UPDATE_NAME, finish_pending_save
+from nmt_cli.train.saving import BEST, EPOCH_NAME, LAST, UPDATE_NAME, finish_pending_save, run_config
 
 # Bytes of each end of a split's .bin read into the data fingerprint (with its size and every offset).
 FINGERPRINT_EDGE_BYTES = 1 << 20
 
 
-def recover_run_dir(save_dir: Path, reset_run: bool, finetune_from: str | None, warn: Callable[[str], None]) -> None:
+def recover_run_dir(save_dir: Path, cfg: TrainConfig, model_cfg: ModelConfig, warn: Callable[[str], None]) -> None:
     """Bring `save_dir` to a state training can start from (rank 0 only, before resuming)."""
+    reset_run, finetune_from = cfg.reset_run, cfg.finetune_from
     finish_pending_save(save_dir)
     history = run_history(save_dir)
+    if history == [LOG_NAME] and _recorded_config(save_dir) == run_config(cfg, model_cfg):
+        history = []  # this very run, killed before its first checkpoint: its log is written again
     if reset_run and finetune_from and any(_same_file(save_dir / name, Path(finetune_from)) for name in history):
         raise NmtError(f"--finetune-from {finetune_from} is one of the files of --save-dir {save_dir} that "
                        "--reset-run deletes; copy it elsewhere first")
@@ -50,6 +54,13 @@ def recover_run_dir(save_dir: Path, reset_run: bool, finetune_from: str | None, 
     # cut only on some resumes) may never be written again.
     remove_stale_temp_files_in(save_dir)
     repair_best_checkpoint(save_dir, warn)
+
+
+def _recorded_config(save_dir: Path) -> Any:
+    try:
+        return json.loads((save_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
 
 
 def _same_file(a: Path, b: Path) -> bool:

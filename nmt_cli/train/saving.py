@@ -49,14 +49,18 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     """
     names = ["meta.json", f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
     names += sorted(p.name for p in data.path.glob("*.model"))
-    config = {"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}
-    config_text = json.dumps(config, indent=2) + "\n"
+    config_text = json.dumps(run_config(cfg, model_cfg), indent=2) + "\n"
     try:
         for name in dict.fromkeys(names):
             replace_atomically(save_dir / name, partial(shutil.copyfile, data.path / name))
         replace_atomically(save_dir / "config.json", lambda tmp: tmp.write_text(config_text, encoding="utf-8"))
     except OSError as error:
         raise NmtError(f"cannot prepare run directory {save_dir}: {error.strerror or error} ({error.filename})") from None
+
+
+def run_config(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
+    """The contents of the run's config.json (as JSON gives it back: tuples become lists)."""
+    return json.loads(json.dumps({"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}))
 
 
 def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:

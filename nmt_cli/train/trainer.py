@@ -76,7 +76,7 @@ class Trainer:
         self.save_dir = Path(cfg.save_dir)
         check_writable(self.save_dir)
         if dist.is_main:
-            recover_run_dir(self.save_dir, cfg.reset_run, cfg.finetune_from, self.reporter.warning)
+            recover_run_dir(self.save_dir, cfg, model_cfg, self.reporter.warning)
         self.data_fingerprint = data_fingerprint(self.data, self.train_split)
         if model_cfg.share_all_embeddings and self.data.src_dict != self.data.tgt_dict:
             # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
