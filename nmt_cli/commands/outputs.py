@@ -129,10 +129,12 @@ def published_output(path: str, mode: str = "wb") -> Iterator[IO]:
         with published_on_success(target) as tmp:
             try:
                 stream = open(tmp, "wb") if mode == "wb" else open(tmp, "w", encoding="utf-8", newline="\n")
-                if target.exists():
-                    shutil.copymode(target, tmp)  # keep the permissions of the file replaced
             except OSError as error:
                 raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+            try:
+                shutil.copymode(target, tmp)  # keep the permissions of the file replaced
+            except OSError:
+                pass  # none yet, or not ours to read: the new file keeps the default mode
             try:
                 yield stream
             except BaseException:

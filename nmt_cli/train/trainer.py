@@ -26,8 +26,8 @@ from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
-from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
+from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
 from nmt_cli.train.saving import (
     LAST,
     check_writable,
