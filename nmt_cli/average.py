@@ -20,8 +20,10 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoint import check_finite_weights, load_checkpoint, save_checkpoint
+from nmt_cli.commands.outputs import refuse_overwriting_inputs
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.train.saving import BEST, LAST
 
 UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
 EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
@@ -152,8 +154,6 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
 def average(cfg: AverageConfig) -> list[Path]:
     """Average the checkpoints that `cfg` selects and write the result to `cfg.output`; return the inputs."""
     paths = select_checkpoints(cfg)
-    # Names, not file identities: the output is renamed into place, so it replaces the
-    # file of its real path and leaves other hard links to that file as they were.
     # realpath, unlike Path.resolve, does not raise on a loop of links (loading says so).
     real = [os.path.realpath(p) for p in paths]
     repeated = next((p for p, r in zip(paths, real) if real.count(r) > 1), None)
@@ -161,5 +161,18 @@ def average(cfg: AverageConfig) -> list[Path]:
         raise NmtError(f"--inputs names {repeated} more than once; it would count double in the average")
     if os.path.realpath(cfg.output) in real:
         raise NmtError(f"--output {cfg.output} is one of the checkpoints to average; write the average to a new file")
+    # Nor any training checkpoint of the runs read: an average (no optimizer state) written
+    # over RUN/checkpoint_last.pt would end the run's resumability.
+    refuse_overwriting_inputs(cfg.output, [("--inputs", p) for p in [*paths, *_run_checkpoints(cfg, paths)]])
     save_checkpoint(average_checkpoints(paths), cfg.output)
     return paths
+
+
+def _run_checkpoints(cfg: AverageConfig, paths: Sequence[Path]) -> list[Path]:
+    """The training checkpoints (last, best, numbered) of the run directories that `paths` come from."""
+    directories = {Path(cfg.inputs[0])} if cfg.num_last is not None else {path.parent for path in paths}
+    def is_training_checkpoint(name: str) -> bool:
+        return name in (LAST, BEST) or bool(UPDATE_CHECKPOINT.fullmatch(name) or EPOCH_CHECKPOINT.fullmatch(name))
+
+    return [path for directory in sorted(directories) if directory.is_dir()
+            for path in sorted(directory.iterdir()) if is_training_checkpoint(path.name)]

@@ -22,7 +22,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model
 from nmt_cli.models.transformer import Transformer
-from nmt_cli.staging import replace_atomically
+from nmt_cli.staging import fsync_path, replace_atomically
 
 FORMAT_VERSION = 1
 
@@ -37,9 +37,23 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
             raise NmtError(f"cannot write checkpoint {path}: a part of its directory is a file") from None
         replace_atomically(path, partial(_save, state))
     except (OSError, RuntimeError) as error:
-        # torch reports some write failures (inside its zip writer) as RuntimeError.
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
-        raise NmtError(f"cannot write checkpoint {path}: {reason}") from None
+        raise NmtError(f"cannot write checkpoint {path}: {_write_failure_reason(error)}") from None
+
+
+def serialise_checkpoint(state: dict[str, Any], tmp: Path, path: Path) -> None:
+    """Write `state` into the temporary file `tmp` and sync it, for a caller that renames it
+    to `path` itself (with other files of the same save); errors name `path`."""
+    try:
+        _save(state, tmp)
+        fsync_path(tmp)
+    except (OSError, RuntimeError) as error:
+        tmp.unlink(missing_ok=True)
+        raise NmtError(f"cannot write checkpoint {path}: {_write_failure_reason(error)}") from None
+
+
+def _write_failure_reason(error: OSError | RuntimeError) -> str:
+    # torch reports some write failures (inside its zip writer) as RuntimeError.
+    return error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
 
 
 def _save(state: dict[str, Any], tmp: Path) -> None:

@@ -479,6 +479,7 @@ class TrainConfig:
     keep_last_epochs: int = -1
     keep_interval_updates: int = -1
     reset_optimizer: bool = False
+    reset_run: bool = False
     finetune_from: str | None = None
     # Hardware and logging.
     seed: int = 1

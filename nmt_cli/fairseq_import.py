@@ -27,6 +27,7 @@ from nmt_cli.fairseq_checkpoint import (
     recorded_language,
 )
 from nmt_cli.models.registry import build_model
+from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
@@ -248,8 +249,9 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
         "num_updates": loaded.num_updates,
         "epoch": 0,
     }
-    build_then_publish(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state),
-                       lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
+    with directory_lock(cfg.out_dir, "--out"):  # not while a training run (or another import) writes there
+        build_then_publish(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state),
+                           lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
     return ImportResult(checkpoint_path, written=True)
 
 

@@ -25,6 +25,7 @@ from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.clean import CleanSettings
@@ -99,7 +100,13 @@ def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
 
 def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
     splits = plan_splits(cfg)
-    refuse_inputs_inside(text_inputs(cfg, splits), cfg.destdir, "--destdir")
+    given_files = [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
+    refuse_inputs_inside(text_inputs(cfg, splits) + given_files, cfg.destdir, "--destdir")
+    with directory_lock(cfg.destdir, "--destdir"):  # one writer: another preprocess would replace this one's output
+        return _preprocess_locked(cfg, splits, reporter)
+
+
+def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: StageReporter) -> PreprocessResult:
     line_counts = count_pairs(cfg, splits)
     print_id = dataset_fingerprint(cfg, splits)
     if check_destination(cfg.destdir, "--destdir", print_id, cfg.force):

@@ -13,7 +13,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -141,24 +142,37 @@ def remove_dead_leftovers(dest: Path) -> None:
 
 def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
     """`write` a temporary file beside `target`, then rename it over `target`: a process
-    killed at any moment leaves the old file (or none), never part of the new one.
+    killed at any moment leaves the old file (or none), never part of the new one."""
+    with published_on_success(target) as tmp:
+        write(tmp)
 
-    The data reach the disk before the rename, and the rename before returning, so that
-    a machine that crashes afterwards, too, finds the old file or the whole new one.
+
+@contextmanager
+def published_on_success(target: Path) -> Iterator[Path]:
+    """A temporary sibling of `target` to write within the block; when the block ends
+    normally it is renamed over `target`, otherwise removed (the old `target` untouched).
+
+    The data reach the disk before the rename, and the rename before the block is left,
+    so that a machine that crashes afterwards, too, finds the old file or the whole new one.
     """
     if target.exists() and not target.is_file():
         # A rename would swap a device or a directory for our file (`-o /dev/null` as root).
         raise NmtError(f"{target} exists and is not a regular file; refusing to replace it")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = temp_sibling(target)
     try:
         remove_stale_temp_files(target)
-        write(tmp)
+        yield tmp
         fsync_path(tmp)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_directory(target.parent)
+
+
+def temp_sibling(target: Path) -> Path:
+    """This process's temporary name for `target`: `.NAME.PID.tmp`, swept once the process is gone."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
 
 
 def fsync_path(path: Path) -> None:

@@ -28,7 +28,7 @@ from fault_utils import assert_clean_exit, assert_one_error, tiny_checkpoint_sta
 
 from nmt_cli.checkpoint import load_checkpoint
 from nmt_cli.cli import main
-from nmt_cli.commands.outputs import refuse_overwriting_input
+from nmt_cli.commands.outputs import refuse_overwriting_inputs
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
 
@@ -477,9 +477,9 @@ def test_output_may_not_be_the_file_on_standard_input(tmp_path, monkeypatch):
     with open(source, "rb") as stdin:
         monkeypatch.setattr(sys, "stdin", stdin)
         with pytest.raises(NmtError, match=r"in.txt is the input \(standard input\)"):
-            refuse_overwriting_input(source, "-")
-        refuse_overwriting_input(tmp_path / "out.txt", "-")  # a new file is fine
+            refuse_overwriting_inputs(source, [("--input", "-")])
+        refuse_overwriting_inputs(tmp_path / "out.txt", [("--input", "-")])  # a new file is fine
         (tmp_path / "other.txt").write_text("")
-        refuse_overwriting_input(tmp_path / "other.txt", "-")  # and so is another file
-    refuse_overwriting_input("/dev/null", "/dev/null")  # not a regular file: nothing to destroy
+        refuse_overwriting_inputs(tmp_path / "other.txt", [("--input", "-")])  # and so is another file
+    refuse_overwriting_inputs("/dev/null", [("--input", "/dev/null")])  # not a regular file: nothing to destroy
     assert source.read_text() == "w1\n"

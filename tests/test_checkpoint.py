@@ -26,7 +26,7 @@ from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import ARCHITECTURES, build_model, resolve_config
 from nmt_cli.staging import replace_atomically
-from nmt_cli.train.saving import write_checkpoints
+from nmt_cli.train.saving import PENDING_SAVE, write_checkpoints
 
 SRC_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"s{i}" for i in range(20)]
 TGT_DICT = ["<s>", "<pad>", "</s>", "<unk>"] + [f"t{i}" for i in range(28)]
@@ -318,7 +318,14 @@ def test_replaced_files_reach_the_disk_before_and_after_the_rename(tmp_path: Pat
     monkeypatch.setattr("nmt_cli.staging.os.replace", replace)
     # The first name is serialised, the others (the one a resumed run reads) are copies.
     write_checkpoints(make_state(), tmp_path, ["checkpoint_1_5.pt", "checkpoint_last.pt"])
-    assert [kind for kind, _ in events] == ["fsync", "replace", "fsync"] * 2
+    finals = [str(tmp_path / "checkpoint_1_5.pt"), str(tmp_path / "checkpoint_last.pt")]
+    replaced = [name for kind, name in events if kind == "replace"]
+    # Both files, and the journal naming them, are in place before either takes its name;
+    # the file a resumed run reads comes last.
+    assert replaced[-2:] == finals and replaced.index(str(tmp_path / PENDING_SAVE)) < len(replaced) - 2
+    assert events.index(("replace", finals[1])) < max(i for i, (kind, _) in enumerate(events) if kind == "fsync")
     if os.path.exists("/proc/self/fd"):
-        assert [name for _, name in events[3:]] == [
-            str(tmp_path / f".checkpoint_last.pt.{os.getpid()}.tmp"), str(tmp_path / "checkpoint_last.pt"), str(tmp_path)]
+        before = [name for kind, name in events[: events.index(("replace", finals[0]))] if kind == "fsync"]
+        assert str(tmp_path / f".checkpoint_1_5.pt.{os.getpid()}.tmp") in before
+        assert str(tmp_path / f".checkpoint_last.pt.{os.getpid()}.tmp") in before
+        assert events[-1] == ("fsync", str(tmp_path))  # the renames reach the disk before returning

@@ -46,8 +46,10 @@ TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-s
 RUN_FILES = {"meta.json", "dict.src.txt", "dict.tgt.txt", "config.json", "train_log.jsonl"}
 # What a write in progress looks like: a hidden temporary file, for a checkpoint or for
 # one of the run files (they are replaced whole too, and train_log.jsonl when a resumed
-# run cuts it back), or the probe of a writable save directory.
-TEMP_NAME = re.compile(r"^\.(checkpoint|meta\.json|dict\.|config\.json|train_log\.jsonl|write-test).*\.tmp$")
+# run cuts it back), the probe of a writable save directory, or the journal of a save
+# (and its own temporary file) that names the checkpoints about to be renamed into place.
+TEMP_NAME = re.compile(r"^\.(checkpoint|meta\.json|dict\.|config\.json|train_log\.jsonl|write-test).*\.tmp$"
+                       r"|^\.{1,2}checkpoint_save\.json(\.\d+\.tmp)?$")
 KILLS = 24  # kill points of the training run (CI requires at least 20)
 
 

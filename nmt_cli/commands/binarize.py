@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -20,10 +21,9 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     the dictionary become `<unk>`. Prints sentences, tokens and the <unk> rate.
     The files appear only once complete (written under a temporary name first).
     """
-    import os
-
-    from nmt_cli.commands.outputs import file_prefix, make_parent_directory
+    from nmt_cli.commands.outputs import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
+    from nmt_cli.run_lock import directory_lock
     from nmt_cli.text.parallel import binarize_file
     from nmt_cli.text.progress import StageReporter
     from nmt_cli.text.reader import count_lines
@@ -34,25 +34,45 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     source, prefix = Path(input_path), file_prefix(output_prefix, "--output-prefix", (".bin", ".idx"))
     if not Path(dict_path).is_file():
         raise NmtError(f"dictionary not found: {dict_path}")
+    for suffix in (".bin", ".idx"):
+        refuse_overwriting_inputs(f"{prefix}{suffix}", [("--input", input_path), ("--dict", dict_path)],
+                                  "--output-prefix")
     num_lines = count_lines(source)
     make_parent_directory(prefix)
-    _remove_files_of_killed_runs(prefix)
-    reporter = StageReporter()
-    partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
-    try:
-        with JobRunner(workers) as runner:
-            result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter, f"binarize {source}")
-        for suffix in (".bin", ".idx"):
-            os.replace(f"{partial}{suffix}", f"{prefix}{suffix}")
-    except BaseException as error:
-        # Bad input (NmtError), a full disk or Ctrl-C: none may leave a partial file behind.
-        # The with-block has waited for the workers, so no part is still being written.
-        _remove_partial_files(partial)
-        if isinstance(error, OSError):
-            raise NmtError(f"cannot write {prefix}.bin/.idx: {error.strerror or error}") from None
-        raise
+    with directory_lock(prefix.parent, "the --output-prefix directory"):  # one writer per data-bin
+        _remove_files_of_killed_runs(prefix)
+        reporter = StageReporter()
+        partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
+        try:
+            with JobRunner(workers) as runner:
+                result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter,
+                                       f"binarize {source}")
+            _publish_pair(partial, prefix)
+        except BaseException as error:
+            # Bad input (NmtError), a full disk or Ctrl-C: none may leave a partial file behind.
+            # The with-block has waited for the workers, so no part is still being written.
+            _remove_partial_files(partial)
+            if isinstance(error, OSError):
+                raise NmtError(f"cannot write {prefix}.bin/.idx: {error.strerror or error}") from None
+            raise
     unk_rate = 100 * result.unk / max(result.tokens, 1)
     click.echo(f"{prefix}: {result.sentences} sentences, {result.tokens} tokens, {unk_rate:.2f}% <unk>")
+
+
+def _publish_pair(partial: Path, prefix: Path) -> None:
+    """Move PARTIAL.bin/.idx to PREFIX.bin/.idx as a unit. The .idx says where the .bin's
+    sentences lie, so it is the record of a complete pair: the old one goes first and the
+    new one comes last. A process killed in between leaves a .bin without its .idx, which
+    readers take for a missing split (and the next binarize replaces), never a new .bin
+    read through an old .idx."""
+    from nmt_cli.staging import fsync_directory
+
+    Path(f"{prefix}.idx").unlink(missing_ok=True)
+    fsync_directory(prefix.parent)
+    os.replace(f"{partial}.bin", f"{prefix}.bin")
+    fsync_directory(prefix.parent)
+    os.replace(f"{partial}.idx", f"{prefix}.idx")
+    fsync_directory(prefix.parent)
 
 
 def _remove_files_of_killed_runs(prefix: Path) -> None:

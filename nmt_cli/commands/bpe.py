@@ -29,7 +29,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     """
     import itertools
 
-    from nmt_cli.commands.outputs import file_prefix, make_parent_directory
+    from nmt_cli.commands.outputs import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.config import check_seed
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
@@ -42,6 +42,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
         raise NmtError("--input - (standard input) can be given only once")
     sources = [_input_lines(name) for name in inputs]  # every file is checked before learning starts
     model_path = Path(f"{model_prefix}.model")
+    refuse_overwriting_inputs(model_path, [("--input", name) for name in inputs], "--model-prefix")
     make_parent_directory(model_path)
     learn(itertools.chain.from_iterable(sources), model_path, vocab_size, sample, seed)
     click.echo(f"wrote {model_path} ({BpeModel(model_path).size()} pieces)")
@@ -66,17 +67,17 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     """Segment tokenized text into BPE pieces (space-separated), or undo it with --decode.
 
     Streams line by line: exactly one output line per input line, in order
-    (an empty line stays empty).
+    (an empty line stays empty). An --output file appears only when complete.
     """
-    from nmt_cli.commands.outputs import opened, refuse_overwriting_input
+    from nmt_cli.commands.outputs import published_output, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
 
-    refuse_overwriting_input(output_path, input_path)
+    refuse_overwriting_inputs(output_path, [("--input", input_path), ("--model", model)])
     bpe = BpeModel(Path(model))
     lines = _input_lines(input_path)
     interactive = input_path == "-" and sys.stdin.isatty()
-    with opened(output_path, "w") as out:
+    with published_output(output_path, "w") as out:
         try:
             for line in lines:
                 # Pieces are separated by single spaces; a tab or a no-break space is a piece of its own.

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from nmt_cli.errors import NmtError
+from nmt_cli.staging import published_on_success
 
 
 def make_parent_directory(path: Path) -> None:
@@ -67,16 +69,80 @@ def close_quietly(stream: IO) -> None:
         pass
 
 
-def refuse_overwriting_input(output_path: str | Path, input_path: str | Path, flag: str = "--output") -> None:
-    """Raise if `output_path` is the regular file read as input ("-": stdin), also through
-    a link or another spelling: opening the output for writing would empty the input."""
+def refuse_overwriting_inputs(output_path: str | Path, inputs: Iterable[tuple[str, str | Path]],
+                              output_flag: str = "--output") -> None:
+    """Raise if `output_path` is one of the files a command reads: `inputs` are (flag, path)
+    pairs, "-" standard input. Compared by resolved path and by file identity (device and
+    inode: a hard link, another mount of the same disk), as writing either destroys the input.
+
+    Only an existing regular file can be destroyed: a path that does not exist yet, or a
+    device such as /dev/null, is no input's data.
+    """
     if str(output_path) == "-":
         return
     try:
         output_stat = os.stat(output_path)
-        input_stat = os.fstat(sys.stdin.fileno()) if str(input_path) == "-" else os.stat(input_path)
     except (OSError, ValueError):
-        return  # a path that does not exist yet (or cannot be read) is not the input
-    if stat.S_ISREG(output_stat.st_mode) and os.path.samestat(input_stat, output_stat):
-        source = "standard input" if str(input_path) == "-" else str(input_path)
-        raise NmtError(f"{flag} {output_path} is the input ({source}): writing it would destroy the input")
+        return
+    if not stat.S_ISREG(output_stat.st_mode):
+        return
+    output_real = os.path.realpath(output_path)
+    for flag, path in inputs:
+        if str(path) == "-":
+            source, same_path = "standard input", False
+            try:
+                input_stat = os.fstat(sys.stdin.fileno())
+            except (OSError, ValueError, AttributeError):  # closed or replaced stdin
+                continue
+        else:
+            source, same_path = f"{flag} {path}", os.path.realpath(path) == output_real
+            try:
+                input_stat = os.stat(path)
+            except (OSError, ValueError):
+                input_stat = None
+        if same_path or (input_stat is not None and os.path.samestat(input_stat, output_stat)):
+            raise NmtError(f"{output_flag} {output_path} is the input ({source}): writing it would destroy "
+                           f"the input; choose another {output_flag}")
+
+
+@contextmanager
+def published_output(path: str, mode: str = "wb") -> Iterator[IO]:
+    """`path` ("-": stdout) opened for writing, in `mode` "wb" or "w" (as `opened`), so that
+    a reader never finds part of it: a file is written as a hidden temporary sibling and
+    renamed over `path` when the block ends normally. After an error or an interrupt the
+    temporary file is removed and an earlier `path` is left as it was (stdout streams as
+    it is written)."""
+    if path == "-":
+        yield sys.stdout.buffer if mode == "wb" else sys.stdout
+        return
+    try:
+        existing = os.stat(path)
+    except (OSError, ValueError):
+        existing = None
+    if existing is not None and not stat.S_ISREG(existing.st_mode):  # /dev/null, /dev/stdout, a FIFO: stream
+        with opened(path, mode) as stream:
+            yield stream
+        return
+    target = Path(os.path.realpath(path))  # through a link: replace the file it names, keep the link
+    body_done = False
+    try:
+        with published_on_success(target) as tmp:
+            try:
+                stream = open(tmp, "wb") if mode == "wb" else open(tmp, "w", encoding="utf-8", newline="\n")
+            except OSError as error:
+                raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+            try:
+                shutil.copymode(target, tmp)  # keep the permissions of the file replaced
+            except OSError:
+                pass  # none yet, or not ours to read: the new file keeps the default mode
+            try:
+                yield stream
+            except BaseException:
+                close_quietly(stream)
+                raise
+            body_done = True
+            stream.close()
+    except OSError as error:
+        if not body_done:
+            raise  # the command's own failure, not the output's
+        raise NmtError(f"cannot write {path}: {error.strerror or error}") from None

@@ -27,7 +27,8 @@ def parse_betas(text: str) -> tuple[float, float]:
 @click.argument("data_bin", type=click.Path(file_okay=False))
 @click.option("--arch", "-a", default="transformer_base", help="Architecture preset (see `nmt info --arch NAME`).")
 @click.option("--save-dir", required=True, help="Run directory for checkpoints, train_log.jsonl and config.json. "
-              "If it holds checkpoint_last.pt, training resumes from it.")
+              "If it holds checkpoint_last.pt, training resumes from it (on the same data-bin only). One "
+              "training run at a time may use it (a lock, .NAME.lock beside it, says which process has it).")
 @click.option("--source-lang", "-s", default=None, help="Source language [default: the data-bin's meta.json].")
 @click.option("--target-lang", "-t", default=None, help="Target language [default: the data-bin's meta.json].")
 @click.option("--train-subset", default="train", help="Split to train on.")
@@ -72,6 +73,9 @@ def parse_betas(text: str) -> tuple[float, float]:
               help="Keep only the newest N update checkpoints (-1: all).")
 @click.option("--reset-optimizer", is_flag=True,
               help="When resuming: keep weights and progress, start a fresh optimizer state.")
+@click.option("--reset-run", is_flag=True,
+              help="Delete the earlier run in --save-dir (its checkpoints and train_log.jsonl) and train from "
+              "scratch. Without it, a --save-dir holding checkpoints or a log but no checkpoint_last.pt is refused.")
 @click.option("--finetune-from", type=click.Path(dir_okay=False), default=None,
               help="Start from this checkpoint's weights with a fresh optimizer and schedule "
               "(ignored when --save-dir already holds checkpoint_last.pt).")
@@ -114,7 +118,8 @@ def train(**params) -> None:
         disable_validation=params["disable_validation"], best_checkpoint_metric=params["best_checkpoint_metric"],
         save_interval=params["save_interval"], save_interval_updates=params["save_interval_updates"],
         keep_last_epochs=params["keep_last_epochs"], keep_interval_updates=params["keep_interval_updates"],
-        reset_optimizer=params["reset_optimizer"], finetune_from=params["finetune_from"], seed=params["seed"],
+        reset_optimizer=params["reset_optimizer"], reset_run=params["reset_run"],
+        finetune_from=params["finetune_from"], seed=params["seed"],
         device=params["device"], precision=params["precision"], compile=params["compile_model"],
         log_interval=params["log_interval"],
     )

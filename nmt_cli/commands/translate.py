@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import BinaryIO
 
 import click
 
-from nmt_cli.commands.outputs import opened, refuse_overwriting_input
+from nmt_cli.commands.outputs import opened, published_output, refuse_overwriting_inputs
 from nmt_cli.config import (
     ERROR_POLICIES,
     INPUT_FORMATS,
@@ -42,7 +45,8 @@ def _default_device(precision: str) -> str:
 @click.option("--input", "-i", "input_path", default="-", show_default=True, metavar="FILE",
               help="Text to translate, one sentence per line (UTF-8); - reads stdin.")
 @click.option("--output", "-o", "output_path", default="-", show_default=True, metavar="FILE",
-              help="Where translations go, one line per input line; - writes stdout.")
+              help="Where translations go, one line per input line; - writes stdout. A file appears "
+                   "only when complete (written under a hidden temporary name, then renamed).")
 @click.option("--beam", type=int, default=5, show_default=True, help="Beam size (1: greedy decoding).")
 @click.option("--nbest", type=int, default=1, show_default=True,
               help="Hypotheses kept per sentence; text and bpe output print the best only, "
@@ -95,7 +99,7 @@ def _default_device(precision: str) -> str:
                    "hundreds of small kernels; same translations [default: on with a cuda device].")
 @click.option("--errors", type=click.Choice(ERROR_POLICIES), default="strict", show_default=True,
               help="Invalid UTF-8 input: strict stops with an error naming the line (lines before it are "
-                   "translated and written); replace substitutes U+FFFD.")
+                   "translated and written to stdout; -o FILE is left as it was); replace substitutes U+FFFD.")
 @click.option("--quiet", "-q", is_flag=True,
               help="No progress bar or information on stderr (warnings and errors still appear).")
 def translate(path: str, data_bin: str | None, input_path: str, output_path: str, beam: int, nbest: int,
@@ -139,7 +143,7 @@ def translate(path: str, data_bin: str | None, input_path: str, output_path: str
 
 def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     """Translate `input_path` into `output_path` ("-": stdin / stdout)."""
-    refuse_overwriting_input(output_path, input_path)
+    refuse_overwriting_inputs(output_path, _inputs_read(cfg, input_path))
     from nmt_cli.decode.lines import chunks, read_lines
     from nmt_cli.decode.translator import Translator, prepare_process
     from nmt_cli.decode.workers import ParallelTranslator
@@ -154,7 +158,7 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         translator = Translator(cfg, warn=lambda message: click.echo(message, err=True))
         if workers is not None:
             translator = workers.use(translator)
-        sink = stack.enter_context(opened(output_path, "wb"))
+        sink = stack.enter_context(published_output(output_path))
         started, lines_done = time.monotonic(), 0
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         for group, read_error in chunks(read_lines(source, source_name, cfg.errors), cfg.buffer_size):
@@ -169,6 +173,15 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         click.echo(f"translated {lines_done} lines in {seconds:.1f} s ({lines_done / max(seconds, 1e-9):.1f} lines/s)", err=True)
 
 
+def _inputs_read(cfg: TranslateConfig, input_path: str) -> list[tuple[str, str | Path]]:
+    """Every file translate reads, as (flag, path): the text, the checkpoints and the
+    data-bin files (meta.json, dictionaries, BPE models) that turn text into ids and back."""
+    data_dir = Path(cfg.data_bin) if cfg.data_bin else Path(cfg.checkpoints[0]).parent
+    data_files = [p for pattern in ("meta.json", "dict.*.txt", "*.model", "*.codes") for p in sorted(data_dir.glob(pattern))]
+    return ([("--input", input_path)] + [("--path", checkpoint) for checkpoint in cfg.checkpoints]
+            + [("--data-bin file" if cfg.data_bin else "data file", p) for p in data_files])
+
+
 def _write(sink: BinaryIO, data: bytes, output_path: str) -> None:
     """Write and flush one chunk's translations; a full disk is one error line naming the output."""
     try:
@@ -181,10 +194,19 @@ def _write(sink: BinaryIO, data: bytes, output_path: str) -> None:
         raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
 
 
+def _is_regular_file(input_path: str) -> bool:
+    try:
+        return input_path != "-" and stat.S_ISREG(os.stat(input_path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 @contextmanager
 def _progress(input_path: str, quiet: bool) -> Iterator:
     """A progress bar over the input file's lines, on stderr when it is a terminal."""
-    if quiet or input_path == "-" or not sys.stderr.isatty():
+    if quiet or not sys.stderr.isatty() or not _is_regular_file(input_path):
+        # Counting lines reads the input: only a regular file can be read again (a pipe,
+        # `<(zcat x.gz)` or /dev/stdin would be drained before translating).
         yield lambda n: None
         return
     from rich.console import Console

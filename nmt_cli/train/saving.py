@@ -11,17 +11,20 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.checkpoint import save_checkpoint
+from nmt_cli.checkpoint import serialise_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import replace_atomically
+from nmt_cli.staging import fsync_directory, fsync_path, replace_atomically, temp_sibling
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+# The journal of a save in progress: which complete temporary files become which checkpoints.
+PENDING_SAVE = ".checkpoint_save.json"
 EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
 UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
@@ -46,8 +49,7 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     """
     names = ["meta.json", f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
     names += sorted(p.name for p in data.path.glob("*.model"))
-    config = {"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}
-    config_text = json.dumps(config, indent=2) + "\n"
+    config_text = json.dumps(run_config(cfg, model_cfg), indent=2) + "\n"
     try:
         for name in dict.fromkeys(names):
             replace_atomically(save_dir / name, partial(shutil.copyfile, data.path / name))
@@ -56,28 +58,86 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
         raise NmtError(f"cannot prepare run directory {save_dir}: {error.strerror or error} ({error.filename})") from None
 
 
+def run_config(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
+    """The contents of the run's config.json (as JSON gives it back: tuples become lists)."""
+    return json.loads(json.dumps({"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}))
+
+
 def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:
-    """Which files this save writes: the numbered ones its cadence asks for, then last/best."""
+    """Which files this save writes: the numbered ones its cadence asks for, best, then last
+    (renamed into place in this order: checkpoint_last.pt marks the save complete)."""
     names = []
     if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0:
         names.append(f"checkpoint{epoch}.pt")
     if not end_of_epoch and cfg.save_interval_updates and num_updates % cfg.save_interval_updates == 0:
         names.append(f"checkpoint_{epoch}_{num_updates}.pt")
-    names.append(LAST)
     if is_best:
         names.append(BEST)
+    names.append(LAST)
     return names
 
 
-def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str]) -> None:
-    """Serialise once to the first name, then copy atomically to the others."""
-    first = save_dir / names[0]
-    save_checkpoint(state, first)
-    for name in names[1:]:
+def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str], doomed: Sequence[str] = ()) -> None:
+    """Write the files `names` of one save so that, whatever the moment of a kill, the run
+    directory holds the previous save or this one whole: never a checkpoint_last.pt beside
+    a checkpoint_best.pt (or numbered file) that the save did not finish.
+
+    Every file is first written whole under its temporary name (serialised once, then
+    copied); then a journal naming them is written; then they are renamed into place,
+    checkpoint_last.pt (what a resumed run trusts) last; then the numbered checkpoints
+    `doomed` by retention are deleted; then the journal goes. Killed before the journal
+    exists, the previous save stands and its temporary files are swept; killed after, the
+    next start finishes the renames and deletions (`finish_pending_save`).
+    """
+    temps = [temp_sibling(save_dir / name) for name in names]
+    try:
+        serialise_checkpoint(state, temps[0], save_dir / names[0])
+        for name, tmp in zip(names[1:], temps[1:]):
+            try:
+                shutil.copyfile(temps[0], tmp)
+                fsync_path(tmp)
+            except OSError as error:
+                raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
+        journal = json.dumps({"renames": [[tmp.name, name] for tmp, name in zip(temps, names)],
+                              "deletions": list(doomed)}) + "\n"
         try:
-            replace_atomically(save_dir / name, partial(shutil.copyfile, first))
+            replace_atomically(save_dir / PENDING_SAVE, lambda path: path.write_text(journal, encoding="utf-8"))
         except OSError as error:
-            raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
+            raise NmtError(f"cannot write {save_dir / PENDING_SAVE}: {error.strerror or error}") from None
+    except BaseException:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+    finish_pending_save(save_dir)
+
+
+def finish_pending_save(save_dir: Path) -> None:
+    """Complete the renames of a save whose journal exists (one killed half-way through
+    them, or this process's own), then drop the journal."""
+    journal_path = save_dir / PENDING_SAVE
+    if not journal_path.exists():
+        return
+    try:
+        journal = json.loads(journal_path.read_text(encoding="utf-8"))
+        pairs = [(str(tmp), str(name)) for tmp, name in journal["renames"]]
+        deletions = [str(name) for name in journal["deletions"]]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise NmtError(f"{journal_path} is damaged: it should name the checkpoint files of an unfinished save; "
+                       "remove it to resume from checkpoint_last.pt as it is") from None
+    try:
+        if any("/" in name for name in [*deletions, *(n for pair in pairs for n in pair)]):
+            raise NmtError(f"{journal_path} names a file outside the run directory")
+        for tmp, name in pairs:
+            if (save_dir / tmp).is_file():  # gone: renamed before the kill
+                os.replace(save_dir / tmp, save_dir / name)
+        fsync_directory(save_dir)
+        for name in deletions:
+            (save_dir / name).unlink(missing_ok=True)
+        journal_path.unlink()
+        fsync_directory(save_dir)
+    except OSError as error:
+        raise NmtError(f"cannot finish the checkpoint save recorded in {journal_path}: "
+                       f"{error.strerror or error}") from None
 
 
 def files_to_prune(names: list[str], keep_last_epochs: int, keep_interval_updates: int) -> list[str]:
@@ -92,7 +152,8 @@ def files_to_prune(names: list[str], keep_last_epochs: int, keep_interval_update
     return doomed
 
 
-def prune_checkpoints(save_dir: Path, cfg: TrainConfig) -> None:
-    names = [p.name for p in save_dir.iterdir()]
-    for name in files_to_prune(names, cfg.keep_last_epochs, cfg.keep_interval_updates):
-        (save_dir / name).unlink(missing_ok=True)
+def checkpoints_to_prune(save_dir: Path, names: list[str], cfg: TrainConfig) -> list[str]:
+    """The numbered checkpoints that retention deletes once the save of `names` is in place."""
+    existing = [p.name for p in save_dir.iterdir()]
+    return [name for name in files_to_prune(sorted(set(existing) | set(names)), cfg.keep_last_epochs,
+                                            cfg.keep_interval_updates) if name not in names]

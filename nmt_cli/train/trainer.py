@@ -9,6 +9,7 @@ uninterrupted one end with the same parameters and the same train_log.jsonl.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,19 @@ from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, r
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory
-from nmt_cli.staging import remove_stale_temp_files_in
+from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
-from nmt_cli.train.saving import LAST, check_writable, checkpoint_names, prepare_run_dir, prune_checkpoints, write_checkpoints
+from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
+from nmt_cli.train.saving import (
+    LAST,
+    check_writable,
+    checkpoint_names,
+    checkpoints_to_prune,
+    prepare_run_dir,
+    write_checkpoints,
+)
 from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
 from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
@@ -48,7 +57,9 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig) -> TrainResult:
     if dist.device.type == "cpu":
         keep_freed_memory()  # each update frees and reallocates the same activations
     try:
-        return Trainer(cfg, model_cfg, dist).run()
+        # One writer per run directory; the other ranks write nothing there.
+        with directory_lock(Path(cfg.save_dir), "--save-dir") if dist.is_main else nullcontext():
+            return Trainer(cfg, model_cfg, dist).run()
     finally:
         distributed.teardown(dist)
 
@@ -65,10 +76,8 @@ class Trainer:
         self.save_dir = Path(cfg.save_dir)
         check_writable(self.save_dir)
         if dist.is_main:
-            # A run killed while writing left a temporary file as large as a checkpoint;
-            # replacing a file sweeps only its own, and a numbered checkpoint (or the log,
-            # cut only on some resumes) may never be written again.
-            remove_stale_temp_files_in(self.save_dir)
+            recover_run_dir(self.save_dir, cfg, model_cfg, self.reporter.warning)
+        self.data_fingerprint = data_fingerprint(self.data, self.train_split)
         if model_cfg.share_all_embeddings and self.data.src_dict != self.data.tgt_dict:
             # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
             raise NmtError(f"--share-all-embeddings needs one joined dictionary, but {cfg.data} has different "
@@ -93,10 +102,11 @@ class Trainer:
 
     def _load_resume_state(self) -> dict[str, Any] | None:
         path = self.save_dir / LAST
-        if not path.exists():
+        if not path.exists() or self.cfg.reset_run:
             return None
         state = load_checkpoint(path)  # a corrupt file is an error, never a silent restart
         check_compatible(state, path, self.data, self.model_cfg)
+        check_same_data(state, path, self.data_fingerprint, self.data.path)
         return state
 
     def _warn_if_epoch_replanned(self, before: dict[str, Any], progress: Progress) -> None:
@@ -341,8 +351,8 @@ class Trainer:
             return
         epoch = completed_epoch if completed_epoch is not None else self.progress.epoch
         names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best)
-        write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names)
-        prune_checkpoints(self.save_dir, self.cfg)
+        doomed = checkpoints_to_prune(self.save_dir, names, self.cfg)
+        write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names, doomed)
 
     def _checkpoint_state(self, epoch: int, log_window: dict[str, Any]) -> dict[str, Any]:
         engine, data = self.engine, self.data
@@ -360,6 +370,7 @@ class Trainer:
             "scaler": engine.scaler.state_dict() if engine.scaler is not None else {},
             "rng": capture_rng(),
             "log_window": log_window,
+            "data_fingerprint": self.data_fingerprint,
         }
         state.update(progress_to_checkpoint(self.progress, epoch))
         return state
