@@ -27,7 +27,9 @@ def parse_betas(text: str) -> tuple[float, float]:
 @click.argument("data_bin", type=click.Path(file_okay=False))
 @click.option("--arch", "-a", default="transformer_base", help="Architecture preset (see `nmt info --arch NAME`).")
 @click.option("--save-dir", required=True, help="Run directory for checkpoints, train_log.jsonl and config.json. "
-              "If it holds checkpoint_last.pt, training resumes from it.")
+              "If it holds checkpoint_last.pt, training resumes from it. Under torchrun only global rank 0 "
+              "writes; a rank whose --save-dir lacks checkpoint_last.pt is sent rank 0's, and a rank holding "
+              "another one than rank 0's (or one while rank 0 has none) stops training with an error.")
 @click.option("--source-lang", "-s", default=None, help="Source language [default: the data-bin's meta.json].")
 @click.option("--target-lang", "-t", default=None, help="Target language [default: the data-bin's meta.json].")
 @click.option("--train-subset", default="train", help="Split to train on.")

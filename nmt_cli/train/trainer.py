@@ -23,7 +23,7 @@ from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.staging import remove_stale_temp_files_in
-from nmt_cli.train import distributed
+from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.saving import LAST, check_writable, checkpoint_names, prepare_run_dir, prune_checkpoints, write_checkpoints
@@ -73,7 +73,8 @@ class Trainer:
             # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
             raise NmtError(f"--share-all-embeddings needs one joined dictionary, but {cfg.data} has different "
                            "source and target dictionaries (preprocess with --joined-dictionary)")
-        resume = self._load_resume_state()
+        shared = agreement.resume_state(self.save_dir / LAST, dist, self._check_resumable)
+        resume = shared.state
         self.engine = build_engine(cfg, model_cfg, len(self.data.src_dict), len(self.data.tgt_dict), dist)
         self.progress = self._restore(resume)
         if dist.is_main:
@@ -83,6 +84,9 @@ class Trainer:
             self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
+        if dist.world_size > 1:
+            state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches)
+            agreement.check_ranks_agree(state, shared.origin, dist)
         self.window = self._resume_window(resume)
         self.start_time = time.monotonic()
         self.start_updates = self.progress.num_updates
@@ -91,13 +95,8 @@ class Trainer:
 
     # --- setup ------------------------------------------------------------------------
 
-    def _load_resume_state(self) -> dict[str, Any] | None:
-        path = self.save_dir / LAST
-        if not path.exists():
-            return None
-        state = load_checkpoint(path)  # a corrupt file is an error, never a silent restart
+    def _check_resumable(self, state: dict[str, Any], path: Path) -> None:
         check_compatible(state, path, self.data, self.model_cfg)
-        return state
 
     def _warn_if_epoch_replanned(self, before: dict[str, Any], progress: Progress) -> None:
         """Resuming mid-epoch skips the batches already done; with other batching flags the
