@@ -21,7 +21,7 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
-from nmt_cli.host_memory import keep_freed_memory
+from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
 from nmt_cli.staging import remove_stale_temp_files_in
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
@@ -84,6 +84,7 @@ class Trainer:
             self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
+        release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
         if dist.world_size > 1:
             state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches)
             agreement.check_ranks_agree(state, shared.origin, dist)
