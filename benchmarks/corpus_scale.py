@@ -200,10 +200,10 @@ def nmt(*args: str) -> list[str]:
     return [sys.executable, "-m", "nmt_cli", *args]
 
 
-def preprocess(prefix: Path, valid: Path, destdir: Path, workers: int, bpe_size: int) -> Measured:
+def preprocess(prefix: Path, valid: Path, destdir: Path, workers: int, bpe_size: int, bpe_sample: int) -> Measured:
     return measure(nmt("preprocess", "-s", SRC, "-t", TGT, "--trainpref", str(prefix), "--validpref", str(valid),
                        "--destdir", str(destdir), "--joined-dictionary", "--bpe-size", str(bpe_size),
-                       "--workers", str(workers)))
+                       "--bpe-sample", str(bpe_sample), "--workers", str(workers)))
 
 
 def train(data_bin: Path, save_dir: Path, updates: int) -> Measured:
@@ -259,6 +259,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--updates", type=int, default=3, help="training updates per start-up (default: %(default)s)")
     p.add_argument("--workers", type=int, default=2, help="nmt preprocess --workers (default: %(default)s)")
     p.add_argument("--bpe-size", type=int, default=8000, help="joint BPE vocabulary (default: %(default)s)")
+    p.add_argument("--bpe-sample", type=int, default=2_000_000,
+                   help="nmt preprocess --bpe-sample: sentences BPE is learned from (default: %(default)s)")
     p.add_argument("--work-dir", type=Path, default=None, help="where corpora go (default: a temporary directory)")
     p.add_argument("--plan-only", type=Path, help=argparse.SUPPRESS)
     return p.parse_args()
@@ -291,8 +293,9 @@ def main() -> None:
                 write_text_corpus(root / "train", pairs, seed=pairs)
                 write_text_corpus(root / "valid", 1000, seed=pairs + 1)
                 print(f"{pairs:>11,} pairs: text generated in {time.perf_counter() - started:.1f} s")
-                run = preprocess(root / "train", root / "valid", data_bin, args.workers, args.bpe_size)
-                print(line(f"{pairs:>11,} preprocess", run, f"   (--workers {args.workers}, all processes)"))
+                run = preprocess(root / "train", root / "valid", data_bin, args.workers, args.bpe_size, args.bpe_sample)
+                print(line(f"{pairs:>11,} preprocess", run, f"   (--workers {args.workers}, --bpe-sample "
+                                                            f"{args.bpe_sample:,}; all processes)"))
                 for lang in (SRC, TGT):
                     (root / f"train.{lang}").unlink()
             run, planned_info = plan(data_bin)

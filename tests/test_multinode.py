@@ -48,9 +48,9 @@ def torchrun(*launcher_args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *launcher_args]
 
 
-def train_command(data_bin: Path, save_dir: Path, max_update: int) -> list[str]:
+def train_command(data_bin: Path, save_dir: Path, max_update: int, extra: tuple[str, ...] = ()) -> list[str]:
     return ["-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(save_dir), *ARGS,
-            "--max-update", str(max_update)]
+            "--max-update", str(max_update), *extra]
 
 
 @dataclass
@@ -77,7 +77,8 @@ class TwoNodes:
 
     launches = 0
 
-    def __init__(self, tmp: Path, data_bin: Path, save_dirs: tuple[Path, Path], max_update: int = MAX_UPDATE) -> None:
+    def __init__(self, tmp: Path, data_bin: Path, save_dirs: tuple[Path, Path], max_update: int = MAX_UPDATE,
+                 node1_extra: tuple[str, ...] = ()) -> None:
         port = str(free_port())
         TwoNodes.launches += 1
         self.logs = [tmp / f"launch{TwoNodes.launches}-node{rank}.log" for rank in (0, 1)]
@@ -85,7 +86,7 @@ class TwoNodes:
         for rank, save_dir in enumerate(save_dirs):
             command = torchrun("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
                                "--master-addr", "127.0.0.1", "--master-port", port,
-                               *train_command(data_bin, save_dir, max_update))
+                               *train_command(data_bin, save_dir, max_update, node1_extra if rank else ()))
             with open(self.logs[rank], "wb") as log:
                 self.procs.append(subprocess.Popen(command, env=SUBPROCESS_ENV, cwd=REPO, stdout=log,
                                                    stderr=subprocess.STDOUT))
@@ -203,4 +204,15 @@ def test_rank_0_without_a_checkpoint_while_another_rank_has_one_is_refused(tmp_p
         assert node.returncode != 0, node.output[-3000:]
         [line] = error_lines(node.output)
         assert f"rank 0 has no checkpoint_last.pt in its --save-dir but rank 1 (update {MAX_UPDATE}) has one" in line
+    assert not (node0 / "checkpoint_last.pt").exists()
+
+
+def test_a_node_launched_with_other_settings_is_refused(tmp_path: Path, data_bin: Path) -> None:
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    finished = TwoNodes(tmp_path, data_bin, (node0, node1), max_update=2, node1_extra=("--lr", "1e-3")).wait()
+    for node in finished:
+        assert node.returncode != 0, node.output[-3000:]
+        [line] = error_lines(node.output)
+        assert "rank(s) 1 disagree with rank 0 on the training state at start" in line, line
+        assert "rank 1 (no checkpoint): update 0" in line and "settings --lr 0.001 (rank 0: 0.003)" in line, line
     assert not (node0 / "checkpoint_last.pt").exists()

@@ -14,8 +14,8 @@ a different model (and hang at the end, the ranks counting different updates). T
   launches): refused too, since rank 0 would start over while that node has progress.
 
 After restoring, `check_ranks_agree` compares every rank's `TrainingState` (update count,
-data position, optimizer step, fingerprints of the weights and of the batch plan) with
-rank 0's and refuses with one line naming the ranks that differ. Failures while loading
+data position, optimizer step, fingerprints of the weights and of the batch plan, the
+training and model settings) with rank 0's and refuses with one line naming the ranks that differ. Failures while loading
 are gathered too, so that one rank's error stops every rank instead of leaving the others
 waiting in the next collective.
 """
@@ -33,10 +33,13 @@ import torch
 import torch.distributed as torch_dist
 
 from nmt_cli.checkpoint import load_checkpoint, load_checkpoint_bytes
+from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.state import Progress
 
+# Settings that may differ from node to node: paths and devices.
+LOCAL_SETTINGS = ("data", "save_dir", "device")
 BROADCAST_CHUNK = 64 * 2**20  # bytes per broadcast: bounds the extra memory on every rank
 REMEDY = ("every rank must resume from rank 0's checkpoint: remove the other ranks' checkpoint_last.pt "
           "(rank 0's is then sent to them) or replace it with a copy of rank 0's")
@@ -68,6 +71,7 @@ class TrainingState:
     optimizer_step: int
     weights: str  # fingerprint of the model's parameters and buffers
     batch_plan: str  # fingerprint of the training batches: the data and the batching flags
+    settings: tuple[tuple[str, str], ...]  # (flag, value) of every setting but LOCAL_SETTINGS
 
     def describe(self) -> str:
         return (f"update {self.num_updates}, epoch {self.epoch} batch {self.batches_done}, optimizer step "
@@ -88,7 +92,7 @@ def raise_if_any_failed(error: str | None, dist: DistInfo) -> None:
     errors = gather(error, dist)
     failed = [f"rank {rank}: {message}" for rank, message in enumerate(errors) if message is not None]
     if failed:
-        raise NmtError("; ".join(failed) if dist.world_size > 1 else errors[0])
+        raise NmtError("; ".join(failed))
 
 
 def resume_state(path: Path, dist: DistInfo, check: Callable[[dict[str, Any], Path], None]) -> ResumeState:
@@ -183,10 +187,23 @@ def optimizer_step(optimizer: torch.optim.Optimizer) -> int:
     return max(steps, default=0)
 
 
+def shared_settings(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[tuple[str, str], ...]:
+    """The settings every rank must share, as (flag, value) pairs."""
+    values = {k: v for k, v in cfg.to_dict().items() if k not in LOCAL_SETTINGS} | model_cfg.to_dict()
+    return tuple(sorted((f"--{name.replace('_', '-')}", repr(value)) for name, value in values.items()))
+
+
 def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, progress: Progress,
-                   batches: list[np.ndarray]) -> TrainingState:
+                   batches: list[np.ndarray], settings: tuple[tuple[str, str], ...]) -> TrainingState:
     return TrainingState(progress.num_updates, progress.epoch, progress.batches_done, optimizer_step(optimizer),
-                         fingerprint_tensors(model.state_dict()), fingerprint_batches(batches))
+                         fingerprint_tensors(model.state_dict()), fingerprint_batches(batches), settings)
+
+
+def settings_differences(reference: TrainingState, other: TrainingState) -> str:
+    """`--flag a (rank 0: b), ...` for the settings that differ, or ""."""
+    theirs = dict(reference.settings)
+    return ", ".join(f"{flag} {value} (rank 0: {theirs.get(flag)})" for flag, value in other.settings
+                     if theirs.get(flag) != value)
 
 
 def check_ranks_agree(mine: TrainingState, origin: str, dist: DistInfo) -> None:
@@ -198,7 +215,9 @@ def check_ranks_agree(mine: TrainingState, origin: str, dist: DistInfo) -> None:
     differ = [rank for rank, (state, _) in enumerate(states) if state != reference]
     if not differ:
         return
-    details = "; ".join(f"rank {rank} ({origin}): {state.describe()}" for rank, (state, origin) in enumerate(states)
-                        if rank == 0 or rank in differ)
+    details = "; ".join(
+        f"rank {rank} ({origin}): {state.describe()}"
+        + (f", settings {changed}" if rank and (changed := settings_differences(reference, state)) else "")
+        for rank, (state, origin) in enumerate(states) if rank == 0 or rank in differ)
     ranks = ", ".join(str(rank) for rank in differ)
     raise NmtError(f"rank(s) {ranks} disagree with rank 0 on the training state at start: {details}; {REMEDY}")

@@ -86,7 +86,8 @@ class Trainer:
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
         release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
         if dist.world_size > 1:
-            state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches)
+            state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches,
+                                             agreement.shared_settings(cfg, model_cfg))
             agreement.check_ranks_agree(state, shared.origin, dist)
         self.window = self._resume_window(resume)
         self.start_time = time.monotonic()
