@@ -130,7 +130,8 @@ def test_corpus_scale_plans_what_train_plans_and_projects_its_own_growth(tmp_pat
                           "--bpe-size", "300", "--work-dir", str(tmp_path), *mode)
     for pairs in ("500", "1,500"):
         plan = re.search(r"\(([\d,]+) batches in", line_starting(lines, f"{pairs:>11} batch plan"))
-        train = re.search(rf"\({pairs} pairs in ([\d,]+) batches", line_starting(lines, f"{pairs:>11} train start-up"))
+        # Text mode: cleaning may drop a few generated pairs before training sees them.
+        train = re.search(r"\([\d,]+ pairs in ([\d,]+) batches", line_starting(lines, f"{pairs:>11} train start-up"))
         assert plan and train and plan[1] == train[1], lines  # the benchmark's plan is nmt train's
         if not mode:
             assert re.search(r"peak RSS +\d+ MiB", line_starting(lines, f"{pairs:>11} preprocess")), lines
