@@ -8,6 +8,7 @@ checkpoint behind and never damages the previous one.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -88,10 +89,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise NmtError(f"{path} is a directory, not a checkpoint file (e.g. {path / 'checkpoint_best.pt'})")
     if not path.is_file():
         raise NmtError(f"checkpoint not found: {path}")
+    return _load_and_check(path, path, map_location)
+
+
+def load_checkpoint_bytes(data: bytes, path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint received as the bytes of the file `path` (e.g. from another rank),
+    checked as `load_checkpoint` checks a file."""
+    return _load_and_check(io.BytesIO(data), Path(path), "cpu")
+
+
+def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | torch.device) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")  # noise before the refusal
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure here means "not a readable checkpoint"
         raise NmtError(f"not a readable nmt checkpoint: {path} ({_load_failure_reason(error)})") from None
     if not isinstance(state, dict) or "format_version" not in state:

@@ -28,7 +28,10 @@ def parse_betas(text: str) -> tuple[float, float]:
 @click.option("--arch", "-a", default="transformer_base", help="Architecture preset (see `nmt info --arch NAME`).")
 @click.option("--save-dir", required=True, help="Run directory for checkpoints, train_log.jsonl and config.json. "
               "If it holds checkpoint_last.pt, training resumes from it (on the same data-bin only). One "
-              "training run at a time may use it (a lock, .NAME.lock beside it, says which process has it).")
+              "training run at a time may use it (a lock, .NAME.lock beside it, says which process has it). "
+              "Under torchrun only global rank 0 writes; a rank whose --save-dir lacks checkpoint_last.pt is "
+              "sent rank 0's, and a rank holding another one than rank 0's (or one while rank 0 has none) "
+              "stops training with an error.")
 @click.option("--source-lang", "-s", default=None, help="Source language [default: the data-bin's meta.json].")
 @click.option("--target-lang", "-t", default=None, help="Target language [default: the data-bin's meta.json].")
 @click.option("--train-subset", default="train", help="Split to train on.")
