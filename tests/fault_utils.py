@@ -87,7 +87,7 @@ def write_evil_pickle(path: Path, marker: Path) -> Path:
 
 def tiny_checkpoint_state(data_bin: Path, seed: int = 0, overrides: dict | None = None) -> dict:
     """A randomly initialised transformer_tiny checkpoint for the data-bin's dictionaries."""
-    from nmt_cli.checkpoint import FORMAT_VERSION
+    from nmt_cli.checkpoints.format import FORMAT_VERSION
     from nmt_cli.data.pairs import load_data_bin
     from nmt_cli.models.registry import build_model, resolve_config
 
@@ -107,7 +107,7 @@ def tiny_run_dir(data_bin: Path, run: Path) -> Path:
     """A run directory (meta.json, dictionaries, checkpoint_best.pt) that `nmt translate` reads."""
     import shutil
 
-    from nmt_cli.checkpoint import save_checkpoint
+    from nmt_cli.checkpoints.format import save_checkpoint
 
     run.mkdir(parents=True, exist_ok=True)
     for name in ("meta.json", "dict.src.txt", "dict.tgt.txt"):
@@ -204,11 +204,11 @@ def _child(args: list[str], log: str) -> None:
 
 def serve() -> None:
     # Import everything the commands need before forking, so children start at once.
-    import nmt_cli.average  # noqa: F401
+    import nmt_cli.checkpoints.average  # noqa: F401
     import nmt_cli.commands.average  # noqa: F401
     import nmt_cli.commands.preprocess  # noqa: F401
     import nmt_cli.commands.train  # noqa: F401
-    import nmt_cli.preprocess  # noqa: F401
+    import nmt_cli.preprocess.run  # noqa: F401
     import nmt_cli.train.trainer  # noqa: F401
 
     torch.set_num_threads(1)

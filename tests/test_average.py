@@ -9,9 +9,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from nmt_cli import average as average_module
-from nmt_cli.average import average_checkpoints, last_n_checkpoints
-from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nmt_cli.checkpoints import average as average_module
+from nmt_cli.checkpoints.average import average_checkpoints, last_n_checkpoints
+from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError

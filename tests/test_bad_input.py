@@ -26,9 +26,9 @@ from click.testing import CliRunner
 from databin_utils import reversal_data_bin
 from fault_utils import assert_clean_exit, assert_one_error, tiny_checkpoint_state, tiny_run_dir
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint
 from nmt_cli.cli import main
-from nmt_cli.commands.outputs import refuse_overwriting_inputs
+from nmt_cli.files import refuse_overwriting_inputs
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
 

@@ -14,8 +14,8 @@ import torch
 from click.testing import CliRunner
 from model_utils import count_parameters
 
-import nmt_cli.checkpoint as checkpoint_module
-from nmt_cli.checkpoint import (
+import nmt_cli.checkpoints.format as checkpoint_module
+from nmt_cli.checkpoints.format import (
     FORMAT_VERSION,
     all_finite,
     load_checkpoint,

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from databin_utils import WORDS, reversal_data_bin, reversal_pairs, write_data_bin
 from fault_utils import REPO, SUBPROCESS_ENV, assert_clean_exit, assert_one_error, tiny_run_dir
 
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint, save_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.data.indexed import IndexedDataset, dataset_exists
 from nmt_cli.errors import NmtError

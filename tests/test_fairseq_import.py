@@ -21,14 +21,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig, ModelConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.decode.search import generate
 from nmt_cli.errors import NmtError
-from nmt_cli.fairseq_checkpoint import load_fairseq_checkpoint, malformed_checkpoint_as_error, model_config_from_args
-from nmt_cli.fairseq_import import read_fairseq_dictionary
+from nmt_cli.interop.fairseq.checkpoint import load_fairseq_checkpoint, malformed_checkpoint_as_error, model_config_from_args
+from nmt_cli.interop.fairseq.importer import read_fairseq_dictionary
 from nmt_cli.models.registry import build_model
 from nmt_cli.text.pipeline import TextPipeline
 from nmt_cli.text.subword_nmt import SubwordNmtBpe

@@ -30,11 +30,11 @@ from fault_utils import (
     write_evil_pickle,
 )
 
-import nmt_cli.checkpoint as checkpoint_module
+import nmt_cli.checkpoints.format as checkpoint_module
 import nmt_cli.data.indexed as indexed_module
-import nmt_cli.train.progress as progress_module
+import nmt_cli.train.log as log_module
 import nmt_cli.train.saving as saving_module
-from nmt_cli.checkpoint import load_checkpoint, save_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint, save_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.data.indexed import IndexedDataset
 from nmt_cli.train import step as step_module
@@ -286,7 +286,7 @@ def test_disk_full_during_training_keeps_the_previous_checkpoint(tmp_path, data_
     elif where == "copy":
         monkeypatch.setattr(saving_module.shutil, "copyfile", fail_on_call(shutil.copyfile, 5))
     else:  # the module's own `open` shadows the builtin for the metrics log alone
-        monkeypatch.setattr(progress_module, "open", fail_on_call(open, 3), raising=False)
+        monkeypatch.setattr(log_module, "open", fail_on_call(open, 3), raising=False)
     run = tmp_path / "run"
     result = nmt(train_args(data_bin, run, 6))
     monkeypatch.undo()
@@ -338,9 +338,9 @@ def test_disk_full_in_preprocess_translate_and_average(tmp_path, data_bin, monke
         def __exit__(self, *exc_info) -> None:
             self.file.close()
 
-    import nmt_cli.commands.outputs as outputs_module  # where translate opens its output
+    import nmt_cli.files as files_module  # where translate opens its output
 
-    monkeypatch.setattr(outputs_module, "open", FullDisk, raising=False)
+    monkeypatch.setattr(files_module, "open", FullDisk, raising=False)
     lines = "".join(f"w{i % 16} w{(i * 7) % 16}\n" for i in range(200))
     result = nmt(["translate", "--path", run / "checkpoint_best.pt", "--device", "cpu", "--beam", "1",
                   "--max-len-b", "3", "--buffer-size", "10", "-i", "-", "-o", tmp_path / "out.txt"], input=lines)

@@ -23,7 +23,7 @@ import pytest
 import torch
 from databin_utils import reversal_data_bin
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # One thread: exact reproducibility between processes, and no oversubscription on small CI machines.

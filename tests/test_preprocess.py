@@ -17,11 +17,11 @@ from nmt_cli.data.dictionary import EOS_ID, UNK_ID, Dictionary
 from nmt_cli.data import indexed
 from nmt_cli.data.indexed import IndexedDataset, IndexedDatasetBuilder
 from nmt_cli.errors import NmtError
-from nmt_cli.preprocess import preprocess
-from nmt_cli.text import parallel
+from nmt_cli.preprocess.run import preprocess
+from nmt_cli.preprocess import workers
 from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.pipeline import TextPipeline
-from nmt_cli.text.progress import StageReporter
+from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
@@ -126,7 +126,7 @@ def test_cleaning_drops_only_training_pairs_and_counts_reasons(tmp_path: Path) -
 
 
 def test_output_is_identical_for_any_number_of_workers(corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(parallel, "LINES_PER_CHUNK", 70)  # several chunks per split even with one worker
+    monkeypatch.setattr(workers, "LINES_PER_CHUNK", 70)  # several chunks per split even with one worker
     run(config(corpus, destdir=corpus / "one", workers=1))
     run(config(corpus, destdir=corpus / "two", workers=2))
     names = sorted(p.name for p in (corpus / "one").iterdir())

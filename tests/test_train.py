@@ -24,7 +24,7 @@ import torch
 from click.testing import CliRunner
 from databin_utils import reversal_data_bin, reversal_pairs, write_data_bin
 
-from nmt_cli.checkpoint import load_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.commands.train import parse_betas
 from nmt_cli.config import TrainConfig
@@ -34,7 +34,7 @@ from nmt_cli.models.registry import build_model, resolve_config
 from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.master_weights import MasterWeights
-from nmt_cli.train.progress import MetricsLog, parse_duration
+from nmt_cli.train.log import MetricsLog, parse_duration
 from nmt_cli.train.saving import files_to_prune
 from nmt_cli.train.step import build_engine, train_update
 from nmt_cli.train.window import Window

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
 
-from nmt_cli.checkpoint import save_checkpoint
+from nmt_cli.checkpoints.format import save_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
@@ -100,7 +100,7 @@ def nmt(*args: str, input: bytes | str = b""):
 
 
 def load(run_dir: Path):
-    from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
+    from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 
     return model_from_checkpoint(load_checkpoint(run_dir / "checkpoint_best.pt")).eval()
 
@@ -508,7 +508,7 @@ def test_checkpoint_with_non_finite_weights_is_refused(run_dir, tmp_path, monkey
     assert result.stderr == (f"error: {broken}: weight decoder.layers.0.fc2.weight holds NaN or infinite values "
                              "(a diverged run or a damaged file)\n")
     # Were such scores met while decoding (fp16 overflow, say), the line would stay, empty, with a warning.
-    from nmt_cli import checkpoint
+    from nmt_cli.checkpoints import format as checkpoint
 
     monkeypatch.setattr(checkpoint, "check_finite_weights", lambda weights, source: None)
     result = nmt("--path", str(broken), "--data-bin", str(run_dir), *FAST, input="the dog\nthe cat\n")

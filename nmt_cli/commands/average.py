@@ -44,7 +44,7 @@ def average(
       nmt average --inputs run --num-update-checkpoints 5 --output run/avg5.pt
       nmt average --inputs run/checkpoint3.pt run/checkpoint4.pt --output avg.pt
     """
-    from nmt_cli.average import average as run_average
+    from nmt_cli.checkpoints.average import average as run_average
 
     cfg = AverageConfig(
         inputs=inputs + more_inputs,

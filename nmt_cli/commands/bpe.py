@@ -29,7 +29,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     """
     import itertools
 
-    from nmt_cli.commands.outputs import file_prefix, make_parent_directory, refuse_overwriting_inputs
+    from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.config import check_seed
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
@@ -69,7 +69,7 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     Streams line by line: exactly one output line per input line, in order
     (an empty line stays empty). An --output file appears only when complete.
     """
-    from nmt_cli.commands.outputs import published_output, refuse_overwriting_inputs
+    from nmt_cli.files import published_output, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
     from nmt_cli.text.bpe import BpeModel
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from nmt_cli.fairseq_import import ImportConfig, import_fairseq as run_import
+from nmt_cli.interop.fairseq.importer import ImportConfig, import_fairseq as run_import
 
 _PATH = click.Path(path_type=Path)
 

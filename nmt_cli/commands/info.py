@@ -61,7 +61,7 @@ def _vocab_sizes(vocab_size: int | None, src: int | None, tgt: int | None) -> tu
 
 
 def _from_checkpoint(path: Path) -> dict[str, Any]:
-    from nmt_cli.checkpoint import check_state_dict_fits, load_checkpoint
+    from nmt_cli.checkpoints.format import check_state_dict_fits, load_checkpoint
 
     state = load_checkpoint(path, map_location="meta")
     cfg = ModelConfig.from_dict(state["model_config"])

@@ -96,7 +96,7 @@ def score(
           --tokenized-bleu --target-lang de --compound-split
       nmt score --ref test.de --hyp base.de --compare new.de
     """
-    from nmt_cli.score import score as run_score
+    from nmt_cli.scoring.report import score as run_score
 
     cfg = ScoreConfig(
         refs=refs,

@@ -103,7 +103,7 @@ def train(**params) -> None:
     Running the same command again resumes from RUN/checkpoint_last.pt.
     """
     from nmt_cli.models.registry import resolve_config
-    from nmt_cli.train.progress import parse_duration
+    from nmt_cli.train.log import parse_duration
     from nmt_cli.train.trainer import train as run_training
 
     cfg = TrainConfig(

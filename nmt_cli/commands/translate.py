@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 import click
 
-from nmt_cli.commands.outputs import opened, published_output, refuse_overwriting_inputs
+from nmt_cli.files import opened, published_output, refuse_overwriting_inputs
 from nmt_cli.config import (
     ERROR_POLICIES,
     INPUT_FORMATS,

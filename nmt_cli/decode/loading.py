@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder

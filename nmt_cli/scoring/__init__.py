@@ -1,4 +1,4 @@
 """Scoring: reading hypotheses and references, sacreBLEU metrics, tokenized BLEU.
 
-`nmt_cli/score.py` puts these together for `nmt score`.
+`nmt_cli/scoring/report.py` puts these together for `nmt score`.
 """

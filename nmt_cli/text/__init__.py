@@ -1,1 +1,1 @@
-"""Text processing: normalization, Moses tokenization, BPE, cleaning."""
+"""Text processing shared by preprocess and translate: strict line reading, normalization and Moses tokenization, BPE."""

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 import torch.distributed as torch_dist
 
-from nmt_cli.checkpoint import load_checkpoint, load_checkpoint_bytes
+from nmt_cli.checkpoints.format import load_checkpoint, load_checkpoint_bytes
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.train.distributed import DistInfo
-from nmt_cli.train.state import Progress
+from nmt_cli.train.resume_state import Progress
 
 # Settings that may differ from node to node: paths and devices.
 LOCAL_SETTINGS = ("data", "save_dir", "device")

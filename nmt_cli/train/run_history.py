@@ -24,7 +24,7 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin, PairDataset
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import remove_stale_temp_files_in, replace_atomically
-from nmt_cli.train.progress import LOG_NAME
+from nmt_cli.train.log import LOG_NAME
 from nmt_cli.train.saving import BEST, EPOCH_NAME, LAST, UPDATE_NAME, finish_pending_save, run_config
 
 # Bytes of each end of a split's .bin read into the data fingerprint (with its size and every offset).

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.checkpoint import serialise_checkpoint
+from nmt_cli.checkpoints.format import serialise_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError

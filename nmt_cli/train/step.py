@@ -29,7 +29,7 @@ from nmt_cli.train.distributed import DistInfo, all_reduce_sum
 from nmt_cli.train.loss import label_smoothed_nll_loss
 from nmt_cli.train.master_weights import MasterWeights
 from nmt_cli.train.optim import LrSchedule, build_optimizer, set_lr
-from nmt_cli.train.state import seed_for_update
+from nmt_cli.train.resume_state import seed_for_update
 
 AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "pure-bf16": None}
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import FORMAT_VERSION, check_state_dict_fits, load_checkpoint
+from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, load_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
 from nmt_cli.data.pairs import PairDataset, load_data_bin
@@ -26,7 +26,7 @@ from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
-from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
+from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
 from nmt_cli.train.saving import (
     LAST,
@@ -36,7 +36,7 @@ from nmt_cli.train.saving import (
     prepare_run_dir,
     write_checkpoints,
 )
-from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
+from nmt_cli.train.resume_state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
 from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
 

@@ -1,6 +1,6 @@
 """Convert a fairseq Transformer checkpoint into an nmt run directory.
 
-The checkpoint is read by `nmt_cli.fairseq_checkpoint` (safely: no code stored in the
+The checkpoint is read by `nmt_cli.interop.fairseq.checkpoint` (safely: no code stored in the
 file runs, and fairseq need not be installed). The weights map onto
 `nmt_cli.models.transformer.Transformer` by renaming (see `convert_state_dict`);
 options our model cannot reproduce are refused by name.
@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import FORMAT_VERSION, check_state_dict_fits, save_checkpoint
+from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, save_checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import SPECIALS
 from nmt_cli.errors import NmtError, where
-from nmt_cli.fairseq_checkpoint import (
+from nmt_cli.interop.fairseq.checkpoint import (
     load_fairseq_checkpoint,
     malformed_checkpoint_as_error,
     model_config_from_args,

@@ -1,7 +1,7 @@
 """Read a fairseq Transformer checkpoint: its weights, its arguments as our ModelConfig,
 its update count and languages.
 
-The file is read with the restricted unpickler of `nmt_cli.fairseq_pickle`: no code
+The file is read with the restricted unpickler of `nmt_cli.interop.fairseq.unpickle`: no code
 stored in it runs, and fairseq need not be installed. A checkpoint comes from outside,
 so every argument is checked where it is read, and a malformed one is named (e.g.
 `args.encoder_layers`, `cfg.model.encoder.layers`) instead of failing deep inside the
@@ -21,7 +21,7 @@ import torch
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.fairseq_pickle import PICKLE_MODULE, plain
+from nmt_cli.interop.fairseq.unpickle import PICKLE_MODULE, plain
 
 # fairseq's `base_architecture` (transformer_legacy.py): what an old checkpoint may omit.
 BASE_DEFAULTS: dict[str, Any] = {

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoint import check_finite_weights, load_checkpoint, save_checkpoint
-from nmt_cli.commands.outputs import refuse_overwriting_inputs
+from nmt_cli.checkpoints.format import check_finite_weights, load_checkpoint, save_checkpoint
+from nmt_cli.files import refuse_overwriting_inputs
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.train.saving import BEST, LAST

@@ -1,7 +1,7 @@
 """`nmt preprocess`: raw parallel text -> a self-describing data-bin/ directory.
 
 Stages, each streamed line by line through files (never a whole corpus in memory):
-1. normalize + tokenize every split; clean the training pairs (`text/clean.py`);
+1. normalize + tokenize every split; clean the training pairs (`preprocess/clean.py`);
 2. learn BPE on the tokenized training text (or reuse a model, or skip: `--bpe none`);
 3. segment every split into pieces, counting training pieces;
 4. build (or load) the dictionaries;
@@ -28,11 +28,11 @@ from nmt_cli.errors import NmtError
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.bpe import BpeModel, learn_bpe
-from nmt_cli.text.clean import CleanSettings
-from nmt_cli.text.progress import StageReporter
+from nmt_cli.preprocess.clean import CleanSettings
+from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.text.reader import count_lines, read_lines
-from nmt_cli.text.parallel import binarize_file, segment_file, tokenize_parallel
-from nmt_cli.text.stages import JobRunner, TokenizeResult
+from nmt_cli.preprocess.workers import binarize_file, segment_file, tokenize_parallel
+from nmt_cli.preprocess.stages import JobRunner, TokenizeResult
 from nmt_cli.text.tokenizer import TokenizerSettings
 
 FORMAT_VERSION = 1

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
-from nmt_cli.text.clean import CleanSettings
-from nmt_cli.text.progress import StageReporter
+from nmt_cli.preprocess.clean import CleanSettings
+from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.text.reader import line_chunks
-from nmt_cli.text.stages import (
+from nmt_cli.preprocess.stages import (
     BinarizeJob,
     BinarizeResult,
     JobRunner,

@@ -1,0 +1,1 @@
+"""Checkpoints: the file format (atomic save, safe load, checks), file names, averaging."""

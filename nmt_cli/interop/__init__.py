@@ -1,0 +1,1 @@
+"""Reading models and data of other toolkits."""

@@ -1,0 +1,1 @@
+"""import-fairseq: a fairseq checkpoint, dictionaries and BPE codes become a run directory."""

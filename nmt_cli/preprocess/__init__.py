@@ -1,0 +1,1 @@
+"""preprocess: raw parallel text to a data-bin (normalize, tokenize, clean, BPE, dictionary, binarize)."""
