@@ -12,7 +12,6 @@ Integer and bool buffers come from the newest checkpoint. Training state
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,11 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoints.format import check_finite_weights, load_checkpoint, save_checkpoint
-from nmt_cli.files import refuse_overwriting_inputs
+from nmt_cli.checkpoints.names import EPOCH_PATTERN, UPDATE_PATTERN, epoch_of, is_training_checkpoint, updates_of
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.train.saving import BEST, LAST
+from nmt_cli.files import refuse_overwriting_inputs
 
-UPDATE_CHECKPOINT = re.compile(r"checkpoint_\d+_(\d+)\.pt")
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
 # Kept from the newest checkpoint; everything else (training state) is dropped.
 KEPT_KEYS = (
     "format_version", "model_config", "source_lang", "target_lang", "src_dict", "tgt_dict", "num_updates", "epoch"
@@ -43,14 +40,14 @@ def last_n_checkpoints(directory: Path, n: int, update_based: bool, upper_bound:
     """
     if not directory.is_dir():
         raise NmtError(f"not a run directory: {directory}")
-    pattern = UPDATE_CHECKPOINT if update_based else EPOCH_CHECKPOINT
+    number_of = updates_of if update_based else epoch_of
     entries = []
     for path in directory.iterdir():
-        match = pattern.fullmatch(path.name)
-        if match and (upper_bound is None or int(match.group(1)) <= upper_bound):
-            entries.append((int(match.group(1)), path))
+        number = number_of(path.name)
+        if number is not None and (upper_bound is None or number <= upper_bound):
+            entries.append((number, path))
     if len(entries) < n:
-        kind = "checkpoint_{EPOCH}_{UPDATES}.pt" if update_based else "checkpoint{EPOCH}.pt"
+        kind = UPDATE_PATTERN if update_based else EPOCH_PATTERN
         bound = f" up to {upper_bound}" if upper_bound is not None else ""
         raise NmtError(f"{directory}: found {len(entries)} {kind} files{bound}, need {n}")
     return [path for _, path in sorted(entries)[-n:]]
@@ -171,8 +168,5 @@ def average(cfg: AverageConfig) -> list[Path]:
 def _run_checkpoints(cfg: AverageConfig, paths: Sequence[Path]) -> list[Path]:
     """The training checkpoints (last, best, numbered) of the run directories that `paths` come from."""
     directories = {Path(cfg.inputs[0])} if cfg.num_last is not None else {path.parent for path in paths}
-    def is_training_checkpoint(name: str) -> bool:
-        return name in (LAST, BEST) or bool(UPDATE_CHECKPOINT.fullmatch(name) or EPOCH_CHECKPOINT.fullmatch(name))
-
     return [path for directory in sorted(directories) if directory.is_dir()
             for path in sorted(directory.iterdir()) if is_training_checkpoint(path.name)]

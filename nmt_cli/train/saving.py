@@ -1,14 +1,12 @@
 """The run directory: its setup, checkpoint files and their retention.
 
-Names follow fairseq: `checkpoint_last.pt`, `checkpoint_best.pt`, `checkpoint{EPOCH}.pt`
-(end of an epoch) and `checkpoint_{EPOCH}_{UPDATES}.pt` (every N updates).
+The file names are those of `checkpoints/names.py` (fairseq's).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import shutil
 from collections.abc import Sequence
@@ -17,16 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoints.format import serialise_checkpoint
+from nmt_cli.checkpoints.names import BEST, LAST, epoch_checkpoint, epoch_of, update_checkpoint, updates_of
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import fsync_directory, fsync_path, replace_atomically, temp_sibling
 
-LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 # The journal of a save in progress: which complete temporary files become which checkpoints.
 PENDING_SAVE = ".checkpoint_save.json"
-EPOCH_NAME = re.compile(r"^checkpoint(\d+)\.pt$")
-UPDATE_NAME = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
 
 
 def check_writable(save_dir: Path) -> None:
@@ -68,9 +64,9 @@ def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: Trai
     (renamed into place in this order: checkpoint_last.pt marks the save complete)."""
     names = []
     if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0:
-        names.append(f"checkpoint{epoch}.pt")
+        names.append(epoch_checkpoint(epoch))
     if not end_of_epoch and cfg.save_interval_updates and num_updates % cfg.save_interval_updates == 0:
-        names.append(f"checkpoint_{epoch}_{num_updates}.pt")
+        names.append(update_checkpoint(epoch, num_updates))
     if is_best:
         names.append(BEST)
     names.append(LAST)
@@ -144,10 +140,10 @@ def files_to_prune(names: list[str], keep_last_epochs: int, keep_interval_update
     """Numbered checkpoints beyond the newest `keep_*` of their kind (-1: keep all)."""
     doomed = []
     if keep_last_epochs > 0:
-        epochs = sorted((int(m.group(1)), n) for n in names if (m := EPOCH_NAME.match(n)))
+        epochs = sorted((e, n) for n in names if (e := epoch_of(n)) is not None)
         doomed += [n for _, n in epochs[:-keep_last_epochs]]
     if keep_interval_updates > 0:
-        updates = sorted((int(m.group(2)), n) for n in names if (m := UPDATE_NAME.match(n)))
+        updates = sorted((u, n) for n in names if (u := updates_of(n)) is not None)
         doomed += [n for _, n in updates[:-keep_interval_updates]]
     return doomed
 

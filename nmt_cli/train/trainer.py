@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, load_checkpoint
+from nmt_cli.checkpoints.names import LAST
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
 from nmt_cli.data.pairs import PairDataset, load_data_bin
@@ -27,16 +28,15 @@ from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
+from nmt_cli.train.resume_state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
 from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
 from nmt_cli.train.saving import (
-    LAST,
     check_writable,
     checkpoint_names,
     checkpoints_to_prune,
     prepare_run_dir,
     write_checkpoints,
 )
-from nmt_cli.train.resume_state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
 from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
 

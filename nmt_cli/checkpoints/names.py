@@ -1,0 +1,44 @@
+"""The checkpoint file names of a run directory, as fairseq names them.
+
+`checkpoint_last.pt` (what a resumed run reads), `checkpoint_best.pt`,
+`checkpoint{EPOCH}.pt` (end of an epoch) and `checkpoint_{EPOCH}_{UPDATES}.pt`
+(every N updates). Training writes them and `average --num-*-checkpoints` reads them.
+"""
+
+from __future__ import annotations
+
+import re
+
+LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
+EPOCH_NAME = re.compile(r"checkpoint(\d+)\.pt")
+UPDATE_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+EPOCH_PATTERN, UPDATE_PATTERN = "checkpoint{EPOCH}.pt", "checkpoint_{EPOCH}_{UPDATES}.pt"  # for messages
+
+
+def epoch_checkpoint(epoch: int) -> str:
+    return f"checkpoint{epoch}.pt"
+
+
+def update_checkpoint(epoch: int, num_updates: int) -> str:
+    return f"checkpoint_{epoch}_{num_updates}.pt"
+
+
+def epoch_of(name: str) -> int | None:
+    """EPOCH of a `checkpoint{EPOCH}.pt` name, else None."""
+    match = EPOCH_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def updates_of(name: str) -> int | None:
+    """UPDATES of a `checkpoint_{EPOCH}_{UPDATES}.pt` name, else None."""
+    match = UPDATE_NAME.fullmatch(name)
+    return int(match.group(2)) if match else None
+
+
+def is_numbered(name: str) -> bool:
+    return epoch_of(name) is not None or updates_of(name) is not None
+
+
+def is_training_checkpoint(name: str) -> bool:
+    """Any checkpoint that training writes: last, best or numbered."""
+    return name in (LAST, BEST) or is_numbered(name)
