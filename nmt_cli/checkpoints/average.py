@@ -21,7 +21,7 @@ import torch
 from nmt_cli.checkpoints.format import check_finite_weights, load_checkpoint, save_checkpoint
 from nmt_cli.checkpoints.names import EPOCH_PATTERN, UPDATE_PATTERN, epoch_of, is_training_checkpoint, updates_of
 from nmt_cli.config import AverageConfig
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.files import refuse_overwriting_inputs
 
 # Kept from the newest checkpoint; everything else (training state) is dropped.
@@ -75,9 +75,10 @@ def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    key = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
-    return f"{key}: {a.get(key)!r} vs {b.get(key)!r}"
+def _difference_text(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """`key: a's value vs b's value` for two dicts that differ."""
+    key, mine, theirs = first_difference(a, b) or ("?", None, None)
+    return f"{key}: {mine!r} vs {theirs!r}"
 
 
 def check_compatible(reference: dict[str, Any], reference_path: Path, other: dict[str, Any], path: Path) -> None:
@@ -85,7 +86,7 @@ def check_compatible(reference: dict[str, Any], reference_path: Path, other: dic
     if reference == other:
         return
     if reference["architecture"] != other["architecture"]:
-        problem = f"different architectures ({_first_difference(reference['architecture'], other['architecture'])})"
+        problem = f"different architectures ({_difference_text(reference['architecture'], other['architecture'])})"
     elif reference["languages"] != other["languages"]:
         pairs = ["-".join(map(str, fp["languages"])) for fp in (reference, other)]
         problem = f"different languages ({pairs[0]} vs {pairs[1]})"
@@ -93,7 +94,7 @@ def check_compatible(reference: dict[str, Any], reference_path: Path, other: dic
         side = "src_dict" if reference["src_dict"] != other["src_dict"] else "tgt_dict"
         problem = f"different dictionaries ({side})"
     elif reference["parameters"] != other["parameters"]:
-        problem = f"different parameters ({_first_difference(reference['parameters'], other['parameters'])})"
+        problem = f"different parameters ({_difference_text(reference['parameters'], other['parameters'])})"
     else:
         problem = "different weight tying"
     raise NmtError(f"cannot average {path} with {reference_path}: {problem}")

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.decode.search import IncrementalDecoder
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, first_difference
 
 
 def check_same_dictionaries(names: Sequence[str], dicts: Sequence[tuple[list[str], list[str]]]) -> None:
@@ -22,17 +22,12 @@ def check_same_dictionaries(names: Sequence[str], dicts: Sequence[tuple[list[str
     for name, (src, tgt) in zip(names[1:], dicts[1:]):
         for side, mine, first in (("source", src, dicts[0][0]), ("target", tgt, dicts[0][1])):
             if mine != first:
+                difference = first_difference(first, mine)
+                at = "" if difference is None else "; id {} is {!r} vs {!r}".format(*difference)
                 raise NmtError(
                     f"cannot ensemble {names[0]} and {name}: their {side} dictionaries differ "
-                    f"({len(first)} vs {len(mine)} symbols{_first_difference(first, mine)})"
+                    f"({len(first)} vs {len(mine)} symbols{at})"
                 )
-
-
-def _first_difference(a: list[str], b: list[str]) -> str:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return f"; id {i} is {x!r} vs {y!r}"
-    return ""
 
 
 class Ensemble:
