@@ -1,7 +1,8 @@
 """Reading input lines for `translate`: streaming, UTF-8 checked, numbered.
 
-Lines are split on `\\n` only (a trailing `\\r` is dropped, and a UTF-8 byte order
-mark at the very start), so the output has exactly one line per input line.
+Lines are split as `text/reader.py` splits them (on `\\n` only; a trailing `\\r` and a
+UTF-8 byte order mark at the very start are dropped), so the output has exactly one
+line per input line.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from nmt_cli.errors import NmtError, where
-
-BOM = b"\xef\xbb\xbf"
+from nmt_cli.errors import NmtError
+from nmt_cli.text.reader import decode_utf8, stream_lines, without_line_end
 
 
 @dataclass(frozen=True)
@@ -25,19 +25,10 @@ def read_lines(stream: BinaryIO, name: str, errors: str) -> Iterator[InputLine]:
     """Yield the lines of `stream` as they arrive.
 
     errors="strict": invalid UTF-8 raises NmtError naming the line (lines before it
-    have been yielded); "replace": invalid bytes become U+FFFD.
+    have been yielded); "replace": invalid bytes become U+FFFD. NUL bytes are text here.
     """
-    for number, raw in enumerate(iter(stream.readline, b""), start=1):
-        if number == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM) :]
-        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
-        try:
-            text = raw.decode("utf-8", errors=errors)
-        except UnicodeDecodeError as e:
-            raise NmtError(
-                f"invalid UTF-8 at {where(name, number)} (byte {e.start + 1} of the line); "
-                "fix the input or pass --errors replace"
-            ) from None
+    for number, raw in stream_lines(stream):
+        text = decode_utf8(without_line_end(raw), name, number, errors, remedy="fix the input or pass --errors replace")
         yield InputLine(number, text)
 
 

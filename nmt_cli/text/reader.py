@@ -89,18 +89,27 @@ def line_chunks(path: Path, num_lines: int, num_chunks: int) -> list[Chunk]:
     ]
 
 
+def without_line_end(raw: bytes) -> bytes:
+    """A raw line without its `\\n`, then without one `\\r` (CRLF files)."""
+    return raw.removesuffix(b"\n").removesuffix(b"\r")
+
+
+def decode_utf8(raw: bytes, name: object, lineno: int, errors: str = "strict", remedy: str = "") -> str:
+    """A line's bytes as text. errors="strict": invalid UTF-8 is an `NmtError` naming file,
+    line and byte (and `remedy`, what to do about it); "replace": invalid bytes become U+FFFD."""
+    try:
+        return raw.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        advice = f"; {remedy}" if remedy else ""
+        raise NmtError(f"invalid UTF-8 at {where(name, lineno)} (byte {e.start + 1} of the line){advice}") from None
+
+
 def decode_line(raw: bytes, name: object, lineno: int) -> str:
     """One raw line (with or without its newline) -> text, or an `NmtError` naming file and line."""
-    if raw.endswith(b"\n"):
-        raw = raw[:-1]
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
+    raw = without_line_end(raw)
     if b"\x00" in raw:
         raise NmtError(f"NUL byte (binary data?) at {where(name, lineno)}")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise NmtError(f"invalid UTF-8 at {where(name, lineno)} (byte {e.start + 1} of the line)") from None
+    return decode_utf8(raw, name, lineno)
 
 
 def read_lines(path: Path, chunk: Chunk | None = None) -> Iterator[str]:
@@ -157,9 +166,14 @@ def _utf8_or_none(block: bytes) -> str | None:
         return None
 
 
+def stream_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(1-based number, raw line with its line end) for each line of `stream` as it
+    arrives, the byte order mark that may begin the first line removed."""
+    for lineno, raw in enumerate(iter(stream.readline, b""), start=1):
+        yield lineno, raw.removeprefix(BOM) if lineno == 1 else raw
+
+
 def read_stream(stream: BinaryIO, name: str) -> Iterator[str]:
     """Like `read_lines`, for an already-open binary stream such as stdin."""
-    for lineno, raw in enumerate(stream, start=1):
-        if lineno == 1 and raw.startswith(BOM):
-            raw = raw[len(BOM):]
+    for lineno, raw in stream_lines(stream):
         yield decode_line(raw, name, lineno)
