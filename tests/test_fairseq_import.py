@@ -285,6 +285,24 @@ def test_dictionary_overwriting_a_symbol_is_refused(tmp_path):
         read_fairseq_dictionary(path)
 
 
+def test_both_dictionary_readers_split_lines_as_fairseq_does(tmp_path):
+    """One line splitter serves Dictionary.load and read_fairseq_dictionary: trailing white
+    space (fairseq strips it), a space inside a symbol and the overwrite flag."""
+    path = tmp_path / "dict.de.txt"
+    path.write_text("the 10 \na b 7\t\nHaus 3 #fairseq:overwrite\n", encoding="utf-8")
+    expected = ["<s>", "<pad>", "</s>", "<unk>", "the", "a b", "Haus"]
+    assert read_fairseq_dictionary(path) == Dictionary.load(path).symbols == expected
+
+
+@pytest.mark.parametrize("line", ["w1", "w1 5x", "w1 --5", "w1 \u00b2"])
+def test_a_dictionary_line_without_a_count_is_one_error_naming_it(tmp_path, line):
+    path = tmp_path / "dict.de.txt"
+    path.write_text(f"w0 1\n{line}\n", encoding="utf-8")
+    for read in (read_fairseq_dictionary, Dictionary.load):
+        with pytest.raises(NmtError, match=r"bad dictionary line .*dict\.de\.txt:2$"):
+            read(path)
+
+
 # ---------------------------------------------------------------------------
 # Without fairseq: a fake fairseq checkpoint made from a tiny nmt model.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_cli.errors import NmtError, where
@@ -17,6 +18,47 @@ from nmt_cli.errors import NmtError, where
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIALS = (BOS, PAD, EOS, UNK)
+OVERWRITE_FLAG = "#fairseq:overwrite"
+
+
+@dataclass(frozen=True)
+class DictLine:
+    """One `symbol count [#fairseq:overwrite]` line of a `dict.txt`."""
+
+    lineno: int
+    symbol: str
+    count: int
+    overwrite: bool
+
+
+def read_dict_lines(path: Path) -> list[DictLine]:
+    """The lines of a `dict.txt`, split as fairseq's `Dictionary.add_from_file` splits them
+    (the count is the last space-separated field, so a symbol may hold spaces); a missing
+    file, invalid UTF-8 or a line without a count is an NmtError naming it."""
+    if not path.is_file():
+        raise NmtError(f"dictionary not found: {path}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise NmtError(f"dictionary is not valid UTF-8: {path} (byte {e.start})") from None
+    entries = []
+    for lineno, line in enumerate(lines, start=1):
+        fields = line.rstrip().rsplit(" ", 1)
+        overwrite = len(fields) == 2 and fields[1] == OVERWRITE_FLAG
+        if overwrite:
+            fields = fields[0].rsplit(" ", 1)
+        count = _count_or_none(fields[1]) if len(fields) == 2 else None
+        if count is None:
+            raise NmtError(f"bad dictionary line (expected 'symbol count'): {where(path, lineno)}")
+        entries.append(DictLine(lineno, fields[0], count, overwrite))
+    return entries
+
+
+def _count_or_none(field: str) -> int | None:
+    try:
+        return int(field) if field.lstrip("-").isdigit() else None
+    except ValueError:  # "--5", or a digit int() does not read such as "²"
+        return None
 
 
 class Dictionary:
@@ -81,29 +123,18 @@ class Dictionary:
 
     @classmethod
     def load(cls, path: str | Path) -> "Dictionary":
-        """Read a fairseq-format `dict.txt` (also fairseq's `#fairseq:overwrite` flag)."""
+        """Read a fairseq-format `dict.txt`; listed specials keep their fixed ids, a symbol
+        listed twice is an error."""
         path = Path(path)
-        if not path.is_file():
-            raise NmtError(f"dictionary not found: {path}")
         symbols, counts, seen = [], [], set()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise NmtError(f"dictionary is not valid UTF-8: {path} (byte {e.start})") from None
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            fields = line.rstrip("\r").split(" ")
-            if fields and fields[-1] == "#fairseq:overwrite":
-                fields = fields[:-1]
-            if len(fields) < 2 or not fields[-1].lstrip("-").isdigit():
-                raise NmtError(f"bad dictionary line (expected 'symbol count'): {where(path, lineno)}")
-            symbol, count = " ".join(fields[:-1]), int(fields[-1])
-            if symbol in SPECIALS:
+        for line in read_dict_lines(path):
+            if line.symbol in SPECIALS:
                 continue
-            if symbol in seen:  # a set: a list lookup here made loading quadratic (seconds for 40k symbols)
-                raise NmtError(f"duplicate symbol {symbol!r} in dictionary: {where(path, lineno)}")
-            seen.add(symbol)
-            symbols.append(symbol)
-            counts.append(count)
+            if line.symbol in seen:  # a set: a list lookup here made loading quadratic
+                raise NmtError(f"duplicate symbol {line.symbol!r} in dictionary: {where(path, line.lineno)}")
+            seen.add(line.symbol)
+            symbols.append(line.symbol)
+            counts.append(line.count)
         return cls(symbols, counts)
 
     @classmethod

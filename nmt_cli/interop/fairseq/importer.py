@@ -18,7 +18,7 @@ import torch
 
 from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, save_checkpoint
 from nmt_cli.config import ModelConfig
-from nmt_cli.data.dictionary import SPECIALS
+from nmt_cli.data.dictionary import SPECIALS, read_dict_lines
 from nmt_cli.errors import NmtError, where
 from nmt_cli.interop.fairseq.checkpoint import (
     load_fairseq_checkpoint,
@@ -144,27 +144,15 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
     keeps one id per symbol, so such files are refused rather than renumbered.
     """
     path = Path(path)
-    if not path.is_file():
-        raise NmtError(f"dictionary not found: {path}")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise NmtError(f"dictionary is not valid UTF-8: {path} (byte {e.start})") from None
     symbols = list(SPECIALS)
     seen = set(symbols)
-    for lineno, line in enumerate(lines, start=1):
-        fields = line.rstrip().rsplit(" ", 1)
-        overwrite = len(fields) == 2 and fields[1] == "#fairseq:overwrite"
-        if overwrite:
-            fields = fields[0].rsplit(" ", 1)
-        if len(fields) != 2 or not fields[1].lstrip("-").isdigit():
-            raise NmtError(f"bad dictionary line (expected 'symbol count'): {where(path, lineno)}")
-        symbol = fields[0]
-        if symbol in seen:
-            what = "overwrites" if overwrite else "duplicates"
-            raise NmtError(f"dictionary line {what} symbol {symbol!r} (fairseq would give it a second id): {where(path, lineno)}")
-        seen.add(symbol)
-        symbols.append(symbol)
+    for line in read_dict_lines(path):
+        if line.symbol in seen:
+            what = "overwrites" if line.overwrite else "duplicates"
+            raise NmtError(f"dictionary line {what} symbol {line.symbol!r} (fairseq would give it a second id): "
+                           f"{where(path, line.lineno)}")
+        seen.add(line.symbol)
+        symbols.append(line.symbol)
     return symbols
 
 
