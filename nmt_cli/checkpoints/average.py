@@ -18,16 +18,12 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoints.format import check_finite_weights, load_checkpoint, save_checkpoint
+from nmt_cli.checkpoints.format import MODEL_KEYS, check_finite_weights, load_checkpoint, save_checkpoint
 from nmt_cli.checkpoints.names import EPOCH_PATTERN, UPDATE_PATTERN, epoch_of, is_training_checkpoint, updates_of
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.files import refuse_overwriting_inputs
 
-# Kept from the newest checkpoint; everything else (training state) is dropped.
-KEPT_KEYS = (
-    "format_version", "model_config", "source_lang", "target_lang", "src_dict", "tgt_dict", "num_updates", "epoch"
-)
 # Dropout rates may differ between checkpoints of one architecture (e.g. after fine-tuning).
 IGNORED_CONFIG_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 
@@ -143,7 +139,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
             averaged[key] = sums.pop(key).div_(len(paths)).to(tensor.dtype)
         else:
             averaged[key] = tensor.clone()
-    result = {k: state[k] for k in KEPT_KEYS if k in state}
+    # The model keys come from the newest checkpoint; its training state is dropped.
+    result = {k: state[k] for k in MODEL_KEYS if k in state}
     result["model"] = averaged
     result["averaged_checkpoints"] = [str(p) for p in paths]
     return result

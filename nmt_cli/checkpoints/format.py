@@ -12,6 +12,7 @@ import io
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,28 @@ from nmt_cli.models.transformer import Transformer
 from nmt_cli.staging import fsync_path, replace_atomically
 
 FORMAT_VERSION = 1
+# What every checkpoint holds: the model and what decoding it needs (docs/FORMATS.md).
+# A training checkpoint adds its training state; an average keeps only these.
+MODEL_KEYS = (
+    "format_version", "model_config", "model", "source_lang", "target_lang", "src_dict", "tgt_dict", "num_updates", "epoch"
+)
+
+
+def model_checkpoint(model_cfg: ModelConfig, weights: dict[str, torch.Tensor], source_lang: str | None,
+                     target_lang: str | None, src_dict: Sequence[str], tgt_dict: Sequence[str],
+                     num_updates: int, epoch: int) -> dict[str, Any]:
+    """The `MODEL_KEYS` of a checkpoint of `weights` (symbol lists by id, specials first)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": model_cfg.to_dict(),
+        "model": weights,
+        "source_lang": source_lang,
+        "target_lang": target_lang,
+        "src_dict": list(src_dict),
+        "tgt_dict": list(tgt_dict),
+        "num_updates": num_updates,
+        "epoch": epoch,
+    }
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, load_checkpoint
+from nmt_cli.checkpoints.format import check_state_dict_fits, load_checkpoint, model_checkpoint
 from nmt_cli.checkpoints.names import LAST
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
@@ -370,14 +370,9 @@ class Trainer:
 
     def _checkpoint_state(self, epoch: int, log_window: dict[str, Any]) -> dict[str, Any]:
         engine, data = self.engine, self.data
-        state = {
-            "format_version": FORMAT_VERSION,
-            "model_config": self.model_cfg.to_dict(),
-            "model": engine.model.state_dict(),
-            "source_lang": data.source_lang,
-            "target_lang": data.target_lang,
-            "src_dict": list(data.src_dict.symbols),
-            "tgt_dict": list(data.tgt_dict.symbols),
+        state = model_checkpoint(self.model_cfg, engine.model.state_dict(), data.source_lang, data.target_lang,
+                                 data.src_dict.symbols, data.tgt_dict.symbols, self.progress.num_updates, epoch)
+        state.update({
             "train_config": self.cfg.to_dict(),
             "optimizer": engine.optimizer.state_dict(),
             "scheduler": {"name": engine.schedule.name, "num_updates": self.progress.num_updates},
@@ -385,6 +380,6 @@ class Trainer:
             "rng": capture_rng(),
             "log_window": log_window,
             "data_fingerprint": self.data_fingerprint,
-        }
+        })
         state.update(progress_to_checkpoint(self.progress, epoch))
         return state

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, save_checkpoint
+from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, model_checkpoint, save_checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import SPECIALS, read_dict_lines
 from nmt_cli.errors import NmtError, where
@@ -226,17 +226,8 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
     if cfg.bpe_codes is not None:
         copies["bpe.codes"] = cfg.bpe_codes
     meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint, print_id)
-    state = {
-        "format_version": FORMAT_VERSION,
-        "model_config": model_cfg.to_dict(),
-        "model": model.state_dict(),
-        "source_lang": src_lang,
-        "target_lang": tgt_lang,
-        "src_dict": src_dict,
-        "tgt_dict": tgt_dict,
-        "num_updates": loaded.num_updates,
-        "epoch": 0,
-    }
+    state = model_checkpoint(model_cfg, model.state_dict(), src_lang, tgt_lang, src_dict, tgt_dict,
+                             num_updates=loaded.num_updates, epoch=0)
     with directory_lock(cfg.out_dir, "--out"):  # not while a training run (or another import) writes there
         build_then_publish(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state),
                            lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
