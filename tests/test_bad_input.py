@@ -28,9 +28,9 @@ from fault_utils import assert_clean_exit, assert_one_error, tiny_checkpoint_sta
 
 from nmt_cli.checkpoints.format import load_checkpoint
 from nmt_cli.cli import main
-from nmt_cli.files import refuse_overwriting_inputs
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.files import refuse_overwriting_inputs
 
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
         "--device", "cpu", "--max-update", "1"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from nmt_cli.errors import NmtError
+from nmt_cli.preprocess.clean import EMPTY, RATIO, TOO_LONG, TOO_SHORT, CleanSettings, drop_reason
 from nmt_cli.text import reader
 from nmt_cli.text.bpe import BpeModel, learn_bpe
-from nmt_cli.preprocess.clean import EMPTY, RATIO, TOO_LONG, TOO_SHORT, CleanSettings, drop_reason
 from nmt_cli.text.pipeline import TextPipeline
 from nmt_cli.text.reader import Chunk, count_lines, line_chunks, line_start_offsets, read_lines, read_stream
 from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings, _MosesTokenizer, required_text

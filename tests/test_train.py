@@ -33,8 +33,8 @@ from nmt_cli.errors import NmtError
 from nmt_cli.models.registry import build_model, resolve_config
 from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.distributed import DistInfo
-from nmt_cli.train.master_weights import MasterWeights
 from nmt_cli.train.log import MetricsLog, parse_duration
+from nmt_cli.train.master_weights import MasterWeights
 from nmt_cli.train.saving import files_to_prune
 from nmt_cli.train.step import build_engine, train_update
 from nmt_cli.train.window import Window

@@ -21,13 +21,13 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     the dictionary become `<unk>`. Prints sentences, tokens and the <unk> rate.
     The files appear only once complete (written under a temporary name first).
     """
-    from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
-    from nmt_cli.run_lock import directory_lock
-    from nmt_cli.preprocess.workers import binarize_file
+    from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.preprocess.progress import StageReporter
-    from nmt_cli.text.reader import count_lines
     from nmt_cli.preprocess.stages import JobRunner
+    from nmt_cli.preprocess.workers import binarize_file
+    from nmt_cli.run_lock import directory_lock
+    from nmt_cli.text.reader import count_lines
 
     if workers < 1:
         raise NmtError(f"--workers must be >= 1 (got {workers})")

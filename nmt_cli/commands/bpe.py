@@ -29,9 +29,9 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     """
     import itertools
 
-    from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.config import check_seed
     from nmt_cli.errors import NmtError
+    from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
 
     if sample < 0:
@@ -69,8 +69,8 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     Streams line by line: exactly one output line per input line, in order
     (an empty line stays empty). An --output file appears only when complete.
     """
-    from nmt_cli.files import published_output, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
+    from nmt_cli.files import published_output, refuse_overwriting_inputs
     from nmt_cli.text.bpe import BpeModel
 
     refuse_overwriting_inputs(output_path, [("--input", input_path), ("--model", model)])

@@ -102,8 +102,8 @@ def preprocess(
     and does nothing; a DESTDIR holding anything else needs --force.
     The output is identical for any --workers. Counts go to stdout.
     """
-    from nmt_cli.preprocess.run import preprocess as run_preprocess, summary_lines
     from nmt_cli.preprocess.progress import StageReporter
+    from nmt_cli.preprocess.run import preprocess as run_preprocess, summary_lines
 
     cfg = PreprocessConfig(
         source_lang=source_lang, target_lang=target_lang, trainpref=Path(trainpref), destdir=Path(destdir),

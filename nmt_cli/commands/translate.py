@@ -13,7 +13,6 @@ from typing import BinaryIO
 
 import click
 
-from nmt_cli.files import opened, published_output, refuse_overwriting_inputs
 from nmt_cli.config import (
     ERROR_POLICIES,
     INPUT_FORMATS,
@@ -24,6 +23,7 @@ from nmt_cli.config import (
     TranslateConfig,
 )
 from nmt_cli.errors import NmtError
+from nmt_cli.files import opened, published_output, refuse_overwriting_inputs
 
 # Input lines per chunk: each chunk is sorted by length, translated, then written in order.
 DEFAULT_BUFFER_SIZE = 2000

@@ -25,14 +25,14 @@ from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.preprocess.clean import CleanSettings
+from nmt_cli.preprocess.progress import StageReporter
+from nmt_cli.preprocess.stages import JobRunner, TokenizeResult
+from nmt_cli.preprocess.workers import binarize_file, segment_file, tokenize_parallel
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.bpe import BpeModel, learn_bpe
-from nmt_cli.preprocess.clean import CleanSettings
-from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.text.reader import count_lines, read_lines
-from nmt_cli.preprocess.workers import binarize_file, segment_file, tokenize_parallel
-from nmt_cli.preprocess.stages import JobRunner, TokenizeResult
 from nmt_cli.text.tokenizer import TokenizerSettings
 
 FORMAT_VERSION = 1

@@ -20,8 +20,8 @@ from typing import Any
 
 from nmt_cli.data.dictionary import UNK_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
-from nmt_cli.text.bpe import BpeModel
 from nmt_cli.preprocess.clean import REASONS, CleanSettings, drop_reason
+from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.reader import Chunk, read_lines
 from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
 from nmt_cli.preprocess.clean import CleanSettings
 from nmt_cli.preprocess.progress import StageReporter
-from nmt_cli.text.reader import line_chunks
 from nmt_cli.preprocess.stages import (
     BinarizeJob,
     BinarizeResult,
@@ -28,6 +29,7 @@ from nmt_cli.preprocess.stages import (
     segment,
     tokenize_pairs,
 )
+from nmt_cli.text.reader import line_chunks
 from nmt_cli.text.tokenizer import TokenizerSettings
 
 LINES_PER_CHUNK = 200_000
@@ -35,6 +37,15 @@ LINES_PER_CHUNK = 200_000
 
 def num_chunks(num_lines: int, workers: int) -> int:
     return max(workers, math.ceil(num_lines / LINES_PER_CHUNK))
+
+
+def run_jobs(work: Callable[[Any], Any], jobs: Sequence[Any], merge: Callable[[Any], object],
+             runner: JobRunner, reporter: StageReporter, label: str) -> None:
+    """Run `work` on every job as one progress stage, handing each result to `merge` in job order."""
+    with reporter.stage(label, len(jobs)) as advance:
+        results = runner.map(work, jobs, advance)
+    for result in results:
+        merge(result)
 
 
 def _part(path: Path, i: int) -> Path:
@@ -59,13 +70,10 @@ def tokenize_parallel(
         TokenizeJob(src, tgt, sc, tc, _part(outputs[0], i), _part(outputs[1], i), tokenizers[0], tokenizers[1], clean)
         for i, (sc, tc) in enumerate(zip(src_chunks, tgt_chunks, strict=True))
     ]
-    with reporter.stage(label, len(jobs)) as advance:
-        results = runner.map(tokenize_pairs, jobs, advance)
+    total = TokenizeResult()
+    run_jobs(tokenize_pairs, jobs, total.add, runner, reporter, label)
     concatenate([job.src_out for job in jobs], outputs[0])
     concatenate([job.tgt_out for job in jobs], outputs[1])
-    total = TokenizeResult()
-    for result in results:
-        total.add(result)
     return total
 
 
@@ -82,12 +90,9 @@ def segment_file(
     """Write the BPE pieces (or whitespace tokens) of each line of `path` to `dest`; count them if asked."""
     chunks = line_chunks(path, num_lines, num_chunks(num_lines, runner.workers))
     jobs = [SegmentJob(path, chunk, _part(dest, i), bpe_model, count) for i, chunk in enumerate(chunks)]
-    with reporter.stage(label, len(jobs)) as advance:
-        counters = runner.map(segment, jobs, advance)
-    concatenate([job.out for job in jobs], dest)
     total: Counter[str] = Counter()
-    for counter in counters:
-        total.update(counter)
+    run_jobs(segment, jobs, total.update, runner, reporter, label)
+    concatenate([job.out for job in jobs], dest)
     return total
 
 
@@ -106,8 +111,8 @@ def binarize_file(
         jobs = [BinarizeJob(path, chunks[0], dict_path, out_prefix)]
     else:
         jobs = [BinarizeJob(path, chunk, dict_path, _part(out_prefix, i)) for i, chunk in enumerate(chunks)]
-    with reporter.stage(label, len(jobs)) as advance:
-        results = runner.map(binarize, jobs, advance)
+    total = BinarizeResult()
+    run_jobs(binarize, jobs, total.add, runner, reporter, label)
     if len(jobs) > 1:
         builder = IndexedDatasetBuilder(out_prefix, len(Dictionary.load(dict_path)))
         for job in jobs:
@@ -115,7 +120,4 @@ def binarize_file(
             Path(f"{job.out_prefix}.bin").unlink()
             Path(f"{job.out_prefix}.idx").unlink()
         builder.finalize()
-    total = BinarizeResult()
-    for result in results:
-        total.add(result)
     return total
