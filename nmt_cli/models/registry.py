@@ -18,37 +18,26 @@ from nmt_cli.errors import NmtError
 from nmt_cli.models.size import check_model_fits
 from nmt_cli.models.transformer import Transformer
 
+def _same_sides(dim: int, ffn: int, layers: int, heads: int, dropout: float) -> ModelConfig:
+    """An encoder and a decoder of the same shape, as every preset here has."""
+    return ModelConfig(
+        encoder_embed_dim=dim, encoder_ffn_embed_dim=ffn, encoder_layers=layers, encoder_attention_heads=heads,
+        decoder_embed_dim=dim, decoder_ffn_embed_dim=ffn, decoder_layers=layers, decoder_attention_heads=heads,
+        dropout=dropout,
+    )
+
+
 ARCHITECTURES: dict[str, ModelConfig] = {
     # Vaswani et al. (2017), Table 3 "base": 65M parameters with a 37k shared vocabulary.
-    "transformer_base": ModelConfig(
-        encoder_embed_dim=512, encoder_ffn_embed_dim=2048, encoder_layers=6, encoder_attention_heads=8,
-        decoder_embed_dim=512, decoder_ffn_embed_dim=2048, decoder_layers=6, decoder_attention_heads=8,
-        dropout=0.1,
-    ),
+    "transformer_base": _same_sides(dim=512, ffn=2048, layers=6, heads=8, dropout=0.1),
     # Table 3 "big": 213M parameters; dropout 0.3 for En-De (the paper used 0.1 for En-Fr).
-    "transformer_big": ModelConfig(
-        encoder_embed_dim=1024, encoder_ffn_embed_dim=4096, encoder_layers=6, encoder_attention_heads=16,
-        decoder_embed_dim=1024, decoder_ffn_embed_dim=4096, decoder_layers=6, decoder_attention_heads=16,
-        dropout=0.3,
-    ),
+    "transformer_big": _same_sides(dim=1024, ffn=4096, layers=6, heads=16, dropout=0.3),
     # fairseq's IWSLT'14 De-En recipe.
-    "transformer_iwslt_de_en": ModelConfig(
-        encoder_embed_dim=512, encoder_ffn_embed_dim=1024, encoder_layers=6, encoder_attention_heads=4,
-        decoder_embed_dim=512, decoder_ffn_embed_dim=1024, decoder_layers=6, decoder_attention_heads=4,
-        dropout=0.3,
-    ),
+    "transformer_iwslt_de_en": _same_sides(dim=512, ffn=1024, layers=6, heads=4, dropout=0.3),
     # Small data sets (Multi30k, quick experiments).
-    "transformer_small": ModelConfig(
-        encoder_embed_dim=256, encoder_ffn_embed_dim=1024, encoder_layers=3, encoder_attention_heads=4,
-        decoder_embed_dim=256, decoder_ffn_embed_dim=1024, decoder_layers=3, decoder_attention_heads=4,
-        dropout=0.1,
-    ),
+    "transformer_small": _same_sides(dim=256, ffn=1024, layers=3, heads=4, dropout=0.1),
     # Tests and smoke runs: trains in seconds on a CPU.
-    "transformer_tiny": ModelConfig(
-        encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_layers=2, encoder_attention_heads=2,
-        decoder_embed_dim=32, decoder_ffn_embed_dim=64, decoder_layers=2, decoder_attention_heads=2,
-        dropout=0.1,
-    ),
+    "transformer_tiny": _same_sides(dim=32, ffn=64, layers=2, heads=2, dropout=0.1),
 }
 
 
