@@ -91,12 +91,12 @@ class IndexedDataset:
             raise NmtError(f"index file is truncated or corrupt ({idx_path.stat().st_size} bytes, expected {expected_idx}): {idx_path}")
         self.dtype = DTYPES[code]
         self.offsets = np.memmap(idx_path, dtype="<i8", mode="r", offset=HEADER.size, shape=(count + 1,))
+        self.sizes = _sentence_sizes(self.offsets, idx_path)
         expected_bin = int(self.offsets[-1]) * self.dtype.itemsize
         if bin_path.stat().st_size != expected_bin:
             raise NmtError(f"data file is truncated or corrupt ({bin_path.stat().st_size} bytes, expected {expected_bin}): {bin_path}")
         # np.memmap refuses empty files; an empty corpus is legal.
         self.data = np.memmap(bin_path, dtype=self.dtype, mode="r") if expected_bin else np.zeros(0, self.dtype)
-        self._sizes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -106,12 +106,23 @@ class IndexedDataset:
             raise IndexError(i)
         return np.asarray(self.data[self.offsets[i] : self.offsets[i + 1]], dtype=np.int64)
 
-    @property
-    def sizes(self) -> np.ndarray:
-        """Length in tokens of every sentence (computed once, 8 bytes a sentence)."""
-        if self._sizes is None:
-            self._sizes = np.diff(np.asarray(self.offsets))
-        return self._sizes
+    def id_range(self) -> tuple[int, int]:
+        """The smallest and the largest id in the corpus ((0, -1) when it is empty)."""
+        if not len(self.data):
+            return 0, -1
+        return int(self.data.min()), int(self.data.max())
 
-    def max_id(self) -> int:
-        return int(self.data.max()) if len(self.data) else -1
+
+def _sentence_sizes(offsets: np.ndarray, idx_path: Path) -> np.ndarray:
+    """Length in tokens of every sentence (8 bytes a sentence), or NmtError unless the
+    offsets start at 0 and never decrease: a swapped or negative offset would slice
+    another sentence's ids (numpy counts negative positions from the end)."""
+    if offsets[0] != 0:
+        raise NmtError(f"index file is corrupt (its first offset is {int(offsets[0])}, not 0): {idx_path}")
+    sizes = np.diff(np.asarray(offsets))
+    decreasing = np.flatnonzero(sizes < 0)
+    if len(decreasing):
+        i = int(decreasing[0])
+        raise NmtError(f"index file is corrupt (sentence {i + 1} ends at offset {int(offsets[i + 1])}, before it starts "
+                       f"at {int(offsets[i])}): {idx_path}")
+    return sizes
