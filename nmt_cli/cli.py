@@ -18,7 +18,7 @@ import click
 from nmt_cli import __version__
 from nmt_cli.errors import NmtError
 from nmt_cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_by_exception
-from nmt_cli.streams import guard_standard_streams
+from nmt_cli.streams import guard_standard_streams, write_path_names_as_given
 
 # name -> (module under nmt_cli.commands, one-line help shown by `nmt --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -61,6 +61,7 @@ class LazyGroup(click.Group):
 
     def main(self, *args, **kwargs):
         guard_standard_streams()
+        write_path_names_as_given()
         with terminate_by_exception():
             try:
                 return super().main(*args, **kwargs)

@@ -71,3 +71,16 @@ def guard_standard_streams() -> None:
             sys.stdout = io.TextIOWrapper(io.BufferedWriter(ClosedStream(1)), encoding="utf-8")
         else:
             sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+
+
+def write_path_names_as_given() -> None:
+    """Let stdout write a path name that is not UTF-8 as the bytes it came as.
+
+    Python turns such bytes of a command line into lone surrogates, and a UTF-8 stdout
+    with the `strict` error handler (a UTF-8 locale other than C.UTF-8, or
+    PYTHONIOENCODING=utf-8) cannot encode them: `wrote DIR/m.model` would be a traceback.
+    """
+    stream = sys.stdout
+    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict" and \
+            stream.encoding.lower().replace("-", "") == "utf8":
+        stream.reconfigure(errors="surrogateescape")
