@@ -463,11 +463,14 @@ def test_checkpoint_weights_must_be_floating_point_tensors(shared, tmp_path, wei
     ("rng", {"python": 1}, "random number generator states cannot be restored"),
     ("log_window", {"sums": 3}, "log window cannot be restored"),
     ("num_updates", "5", "'num_updates' is a str"),
+    ("optimizer", "moments of another shape", "exp_avg of shape (3,)"),
 ])
 def test_resume_refuses_a_wrongly_typed_training_state(shared, tmp_path, key, value, fragment):
     save = tmp_path / "save"
     shutil.copytree(shared["save"], save)
     state = load_checkpoint(save / "checkpoint_last.pt")
+    if value == "moments of another shape":
+        value = {**state["optimizer"], "state": {k: {**v, "exp_avg": torch.zeros(3)} for k, v in state["optimizer"]["state"].items()}}
     torch.save({**state, key: value}, save / "checkpoint_last.pt")
     result = nmt(["train", shared["data_bin"], "--save-dir", save, *TINY_TRAIN, "--max-update", "2"])
     assert_one_error(result.exit_code, result.stderr, "checkpoint_last.pt", fragment)

@@ -84,6 +84,17 @@ def restoring(part: str, path: Path) -> Iterator[None]:
                        "not a training checkpoint written by nmt train") from None
 
 
+def check_optimizer_state_fits(optimizer: torch.optim.Optimizer) -> None:
+    """ValueError unless every per-parameter tensor of a loaded optimizer state (Adam's
+    moments) has its parameter's shape: load_state_dict takes any, and the first step
+    would fail on them."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(f"{name} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}")
+
+
 def capture_rng() -> dict[str, Any]:
     """RNG states as plain values and tensors (loadable with weights_only=True)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()

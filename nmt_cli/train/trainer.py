@@ -27,7 +27,16 @@ from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.saving import LAST, check_writable, checkpoint_names, prepare_run_dir, prune_checkpoints, write_checkpoints
-from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng, restoring
+from nmt_cli.train.state import (
+    Progress,
+    capture_rng,
+    check_compatible,
+    check_optimizer_state_fits,
+    progress_from_checkpoint,
+    progress_to_checkpoint,
+    restore_rng,
+    restoring,
+)
 from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
 
@@ -132,6 +141,7 @@ class Trainer:
             else:
                 with restoring("optimizer state", self.save_dir / LAST):
                     engine.optimizer.load_state_dict(resume["optimizer"])
+                    check_optimizer_state_fits(engine.optimizer)
                     if engine.scaler is not None and resume.get("scaler"):
                         engine.scaler.load_state_dict(resume["scaler"])
             with restoring("random number generator states", self.save_dir / LAST):
