@@ -212,7 +212,7 @@ def test_wrongly_typed_meta_json_is_read_or_gives_one_error_line(shared, tmp_pat
 
 # --- random option values for every command -----------------------------------------------------------
 
-INT_VALUES = ["-1", "0", "1", str(2**31), str(2**63), "9" * 30, "abc", "1.5", ""]
+INT_VALUES = ["-1", "0", "1", "100000", str(2**31), str(2**63), "9" * 30, "abc", "1.5", ""]
 FLOAT_VALUES = ["nan", "inf", "-inf", "-1", "0", "1e-300", "1e308", "abc", ""]
 
 
@@ -283,7 +283,7 @@ def test_random_option_values_succeed_or_give_one_error_line(command_name, share
     monkeypatch.chdir(tmp_path)  # relative paths among the values land here
     rng = random.Random(f"{SEED}-{command_name}")
     command = main.get_command(None, command_name)
-    for k in range(6):
+    for k in range(10):
         tmp = tmp_path / str(k)
         tmp.mkdir()
         args = base_arguments(command_name, shared, tmp)
