@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import signal
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -124,6 +125,7 @@ def _serve(connection: Connection, cfg: TranslateConfig) -> None:
     """A worker process: load the model, then translate each share sent until None."""
     import click
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited already where started in the main thread
     prepare_process(cfg)
     loading = True  # the main process gives the warnings that loading gives
 
