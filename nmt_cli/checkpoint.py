@@ -124,15 +124,14 @@ def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
 
 
 def check_weight_types(weights: dict, source: str | os.PathLike) -> None:
-    """NmtError naming the first entry of `weights` that is not a floating-point tensor
-    under a string name: anything else cannot be a weight of the model."""
+    """NmtError naming the first entry of `weights` that is not a tensor under a string
+    name. (Whether a tensor must hold floating-point numbers is the model's to say, in
+    `check_state_dict_fits`: a state dict may hold integer buffers, which averaging keeps.)"""
     for key, value in weights.items():
         if not isinstance(key, str):
             raise NmtError(f"{source}: the weights hold a name that is not a string ({key!r})")
         if not isinstance(value, torch.Tensor):
             raise NmtError(f"{source}: weight {key} is a {type(value).__name__}, not a tensor")
-        if not value.is_floating_point():
-            raise NmtError(f"{source}: weight {key} is a tensor of {value.dtype}, not of floating-point numbers")
 
 
 def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "checkpoint") -> Transformer:
@@ -179,6 +178,9 @@ def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], so
     unexpected = [k for k in weights if k not in expected]
     wrong = [k for k in expected if k in weights and tuple(weights[k].shape) != tuple(expected[k].shape)]
     if not (missing or unexpected or wrong):
+        for key, tensor in expected.items():
+            if tensor.is_floating_point() and not weights[key].is_floating_point():
+                raise NmtError(f"{source}: weight {key} is a tensor of {weights[key].dtype}, not of floating-point numbers")
         return
     details = []
     if missing:
