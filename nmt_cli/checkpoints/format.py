@@ -50,6 +50,15 @@ def model_checkpoint(model_cfg: ModelConfig, weights: dict[str, torch.Tensor], s
         "epoch": epoch,
     }
 
+# The optional keys of a checkpoint (docs/FORMATS.md) and the types their values may have.
+OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "source_lang": (str,), "target_lang": (str,), "num_updates": (int,), "epoch": (int,),
+    "best_metric": (float, int, type(None)), "patience_counter": (int,), "validated_at": (int, type(None)),
+    "log_records": (int,), "train_config": (dict,), "optimizer": (dict,), "scheduler": (dict,),
+    "scaler": (dict, type(None)), "iterator": (dict,), "rng": (dict,), "log_window": (dict,),
+    "averaged_checkpoints": (list, tuple),
+}
+
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     """Write `state` to `path` atomically; on failure the previous file at `path` is intact."""
@@ -140,6 +149,11 @@ def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | t
             raise NmtError(f"checkpoint {path} lacks {key!r}")
     if not isinstance(state["model"], dict):
         raise NmtError(f"checkpoint {path}: 'model' is not a dict of weights")
+    check_weight_types(state["model"], path)
+    for key, allowed in OPTIONAL_FIELDS.items():
+        if key in state and not _has_type(state[key], allowed):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise NmtError(f"checkpoint {path}: {key!r} is a {type(state[key]).__name__}, not {names}")
     for key in ("src_dict", "tgt_dict"):
         if not isinstance(state[key], (list, tuple)) or not all(isinstance(s, str) for s in state[key]):
             raise NmtError(f"checkpoint {path}: {key!r} is not a list of symbols")
@@ -148,6 +162,24 @@ def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | t
     except NmtError as error:
         raise NmtError(f"checkpoint {path}: {error}") from None
     return state
+
+
+def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
+    """Whether `value` is of one of the `allowed` types; a bool is not a number here."""
+    if isinstance(value, bool):
+        return bool in allowed
+    return isinstance(value, allowed)
+
+
+def check_weight_types(weights: dict, source: str | os.PathLike) -> None:
+    """NmtError naming the first entry of `weights` that is not a tensor under a string
+    name. (Whether a tensor must hold floating-point numbers is the model's to say, in
+    `check_state_dict_fits`: a state dict may hold integer buffers, which averaging keeps.)"""
+    for key, value in weights.items():
+        if not isinstance(key, str):
+            raise NmtError(f"{source}: the weights hold a name that is not a string ({key!r})")
+        if not isinstance(value, torch.Tensor):
+            raise NmtError(f"{source}: weight {key} is a {type(value).__name__}, not a tensor")
 
 
 def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "checkpoint") -> Transformer:
@@ -194,6 +226,9 @@ def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], so
     unexpected = [k for k in weights if k not in expected]
     wrong = [k for k in expected if k in weights and tuple(weights[k].shape) != tuple(expected[k].shape)]
     if not (missing or unexpected or wrong):
+        for key, tensor in expected.items():
+            if tensor.is_floating_point() and not weights[key].is_floating_point():
+                raise NmtError(f"{source}: weight {key} is a tensor of {weights[key].dtype}, not of floating-point numbers")
         return
     details = []
     if missing:

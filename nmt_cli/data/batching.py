@@ -159,6 +159,17 @@ def epoch_batches(batches: list[np.ndarray], epoch: int, seed: int) -> list[np.n
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
+def check_update_freq(update_freq: int, world_size: int, num_batches: int) -> None:
+    """NmtError unless an update's batches fit in one epoch: beyond that, every update
+    but the first would run passes of weight 0 (the epoch's batches are used up)."""
+    if update_freq * world_size > num_batches:
+        most = max(num_batches // world_size, 1)
+        ranks = f" on each of {world_size} processes" if world_size > 1 else ""
+        raise NmtError(f"--update-freq {update_freq} asks for {update_freq} batches{ranks} per update, more than "
+                       f"the {num_batches} batches of an epoch of the train split; use at most {most} "
+                       "(or smaller batches: --max-tokens, --batch-size)")
+
+
 def rank_share(
     epoch_order: list[np.ndarray],
     batches_done: int,

@@ -129,6 +129,7 @@ class IndexedDataset:
             raise NmtError(f"index file is truncated or corrupt ({idx_path.stat().st_size} bytes, expected {expected_idx}): {idx_path}")
         self.dtype = DTYPES[code]
         self.offsets = np.memmap(idx_path, dtype="<i8", mode="r", offset=HEADER.size, shape=(count + 1,))
+        check_offsets(self.offsets, idx_path)
         expected_bin = int(self.offsets[-1]) * self.dtype.itemsize
         if bin_path.stat().st_size != expected_bin:
             raise NmtError(f"data file is truncated or corrupt ({bin_path.stat().st_size} bytes, expected {expected_bin}): {bin_path}")
@@ -152,5 +153,22 @@ class IndexedDataset:
             self._sizes = sentence_sizes(self.offsets)
         return self._sizes
 
-    def max_id(self) -> int:
-        return int(self.data.max()) if len(self.data) else -1
+    def id_range(self) -> tuple[int, int]:
+        """The smallest and the largest id in the corpus ((0, -1) when it is empty)."""
+        if not len(self.data):
+            return 0, -1
+        return int(self.data.min()), int(self.data.max())
+
+
+def check_offsets(offsets: np.ndarray, idx_path: Path) -> None:
+    """NmtError unless the offsets start at 0 and never decrease (read chunk by chunk): a
+    swapped or negative offset would slice another sentence's ids (numpy counts negative
+    positions from the end)."""
+    if offsets[0] != 0:
+        raise NmtError(f"index file is corrupt (its first offset is {int(offsets[0])}, not 0): {idx_path}")
+    for start in range(0, len(offsets) - 1, SIZES_CHUNK):
+        decreasing = np.flatnonzero(np.diff(offsets[start : start + SIZES_CHUNK + 1]) < 0)
+        if len(decreasing):
+            i = start + int(decreasing[0])
+            raise NmtError(f"index file is corrupt (sentence {i + 1} ends at offset {int(offsets[i + 1])}, before it "
+                           f"starts at {int(offsets[i])}): {idx_path}")

@@ -25,6 +25,7 @@ from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_te
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
 from nmt_cli.host_memory import keep_freed_memory
+from nmt_cli.machine import check_cuda_device
 from nmt_cli.models import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
@@ -89,8 +90,8 @@ class Translator:
         self.device = torch.device(cfg.device)
         if cfg.precision == "int8" and self.device.type != "cpu":
             raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise NmtError("--device cuda: no CUDA device is available (use --device cpu)")
+        if self.device.type == "cuda":
+            check_cuda_device(cfg.device)
         if cfg.precision == "fp16" and self.device.type == "cpu":
             raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
         if cfg.cuda_graphs and self.device.type != "cuda":

@@ -20,7 +20,7 @@ import torch
 from nmt_cli.checkpoints.format import check_state_dict_fits, load_checkpoint, model_checkpoint
 from nmt_cli.checkpoints.names import LAST
 from nmt_cli.config import ModelConfig, TrainConfig
-from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
+from nmt_cli.data.batching import check_update_freq, epoch_batches, filter_by_size, make_batches, rank_share
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
@@ -28,7 +28,16 @@ from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
-from nmt_cli.train.resume_state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
+from nmt_cli.train.resume_state import (
+    Progress,
+    capture_rng,
+    check_compatible,
+    check_optimizer_state_fits,
+    progress_from_checkpoint,
+    progress_to_checkpoint,
+    restore_rng,
+    restoring,
+)
 from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
 from nmt_cli.train.saving import (
     check_writable,
@@ -105,6 +114,7 @@ class Trainer:
         if self.log.missing_records:
             self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
+        check_update_freq(cfg.update_freq, dist.world_size, len(self.batches))
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
         release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
         if dist.world_size > 1:
@@ -153,10 +163,13 @@ class Trainer:
             if cfg.reset_optimizer:
                 self.reporter.info("--reset-optimizer: fresh optimizer state (weights and progress resumed)")
             else:
-                engine.optimizer.load_state_dict(resume["optimizer"])
-                if engine.scaler is not None and resume.get("scaler"):
-                    engine.scaler.load_state_dict(resume["scaler"])
-            restore_rng(resume["rng"])
+                with restoring("optimizer state", self.save_dir / LAST):
+                    engine.optimizer.load_state_dict(resume["optimizer"])
+                    check_optimizer_state_fits(engine.optimizer)
+                    if engine.scaler is not None and resume.get("scaler"):
+                        engine.scaler.load_state_dict(resume["scaler"])
+            with restoring("random number generator states", self.save_dir / LAST):
+                restore_rng(resume["rng"])
             previous_cfg = resume.get("train_config") or {}
             self._warn_if_epoch_replanned(previous_cfg, progress)
             self._restart_best_if_metric_changed(previous_cfg, progress)
@@ -177,7 +190,8 @@ class Trainer:
         """The log window in progress when the checkpoint was written (empty for a fresh run)."""
         if resume is None or "log_window" not in resume:
             return Window.start(self.engine.device)
-        return Window.from_checkpoint(resume["log_window"], self.engine.device, self.dist.is_main)
+        with restoring("log window", self.save_dir / LAST):
+            return Window.from_checkpoint(resume["log_window"], self.engine.device, self.dist.is_main)
 
     def _plan(self, split: PairDataset, name: str, shuffle_seed: int) -> list[np.ndarray]:
         cfg = self.cfg
