@@ -42,3 +42,15 @@ def source_batch(lengths: list[int], vocab: int, seed: int = 21) -> torch.Tensor
     for row, length in enumerate(lengths):
         tokens[row, length - 1] = EOS
     return tokens
+
+
+def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
+    """`model` with a bias towards `</s>` in its last hidden states, so that hypotheses end
+    at many different lengths (a random tiny model mostly runs to its maximum length)."""
+    decoder = model.decoder
+    norm = decoder.layer_norm if decoder.layer_norm is not None else decoder.layers[-1].final_layer_norm
+    bias = torch.randn(norm.bias.shape, generator=torch.Generator().manual_seed(3), dtype=norm.bias.dtype) * 0.5
+    with torch.no_grad():
+        norm.bias.copy_(bias)
+        decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
+    return model

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.models.dropout import LANES, maybe_dropout
+from nmt_cli.models.fast.dropout import LANES, maybe_dropout
 
 N = 1 << 20  # elements per statistical check
 

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from model_utils import EOS, SRC_V, TGT_V, padded_batch, source_batch, tiny_model
+from model_utils import EOS, SRC_V, TGT_V, eos_prone, padded_batch, source_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
@@ -27,18 +27,6 @@ VARIANTS = [
     pytest.param({"normalize_before": True, "learned_pos": True}, id="pre-norm-learned-pos"),
     pytest.param({"share_all_embeddings": True, "scale_embedding": False}, id="share-all"),
 ]
-
-
-def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
-    """`model` with a bias towards `</s>` in its last hidden states, so that hypotheses end
-    at many different lengths (a random tiny model mostly runs to its maximum length)."""
-    decoder = model.decoder
-    norm = decoder.layer_norm if decoder.layer_norm is not None else decoder.layers[-1].final_layer_norm
-    bias = torch.randn(norm.bias.shape, generator=torch.Generator().manual_seed(3), dtype=norm.bias.dtype) * 0.5
-    with torch.no_grad():
-        norm.bias.copy_(bias)
-        decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
-    return model
 
 
 def generate_fixed(decoder: GraphedTransformer, src_tokens: torch.Tensor, cfg: DecodeConfig,

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.errors import NmtError
-from nmt_cli.models.dropout import maybe_dropout
+from nmt_cli.models.fast.dropout import maybe_dropout
 
 if TYPE_CHECKING:
     from nmt_cli.models.decoding_state import LayerKV
@@ -289,6 +289,7 @@ class _Sublayers(nn.Module):
         self.dropout = dropout
         self.activation_dropout = activation_dropout
         self.normalize_before = normalize_before
+        self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
         # True once fc1 applies the ReLU itself, as it writes its product (the CPU
         # inference layers of nmt_cli/models/fast/packed.py; only for inference).
         self.fc1_applies_relu = False
@@ -297,13 +298,14 @@ class _Sublayers(nn.Module):
         return norm(x) if self.normalize_before else x
 
     def after(self, x: Tensor, residual: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = residual + maybe_dropout(x, self.dropout, self.training)
+        x = residual + maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
         return x if self.normalize_before else norm(x)
 
     def feed_forward(self, x: Tensor, fc1: nn.Module, fc2: nn.Module) -> Tensor:
         if self.fc1_applies_relu:
             return fc2(fc1(x))
-        hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training)  # (B, T, ffn_dim)
+        hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training,
+                               self.lane_mask_dropout)  # (B, T, ffn_dim)
         return fc2(hidden)
 
 

@@ -65,9 +65,9 @@ def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialise: bool = True,
-                decoding: DecodingOptions = DecodingOptions()) -> Transformer:
-    """A freshly initialised Transformer for the given vocabulary sizes, decoding with
-    the speed work `decoding` selects (nmt_cli/models/fast/options.py).
+                decoding: DecodingOptions = DecodingOptions(), lane_mask_dropout: bool = True) -> Transformer:
+    """A freshly initialised Transformer for the given vocabulary sizes, with the speed
+    work `decoding` and `lane_mask_dropout` select (see Transformer).
 
     `initialise=False` leaves the weights as allocated, uninitialised memory, for a
     caller that loads every one of them next: the random initialisation it skips is most
@@ -78,9 +78,9 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, init
     """
     check_model_fits(cfg, src_vocab_size, tgt_vocab_size)
     if initialise:
-        return Transformer(cfg, src_vocab_size, tgt_vocab_size, decoding)
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size, decoding, lane_mask_dropout)
     with _init_functions_skipped():
-        return Transformer(cfg, src_vocab_size, tgt_vocab_size, decoding)
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size, decoding, lane_mask_dropout)
 
 
 @contextlib.contextmanager

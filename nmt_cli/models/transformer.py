@@ -24,9 +24,9 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.errors import NmtError
 from nmt_cli.models.decoding_state import BufferSource, CrossAttentionState, DecoderCache, LayerKV, RowMajorKV
-from nmt_cli.models.dropout import maybe_dropout
 from nmt_cli.models.fast.beam_slots import BeamSlotKV
 from nmt_cli.models.fast.buffer_pool import BufferPool
+from nmt_cli.models.fast.dropout import maybe_dropout, set_lane_mask_dropout
 from nmt_cli.models.fast.logits import vocabulary_logits
 from nmt_cli.models.fast.options import DecodingOptions
 from nmt_cli.models.layers import (
@@ -64,6 +64,7 @@ class TransformerEncoder(nn.Module):
         super().__init__()
         dim = cfg.encoder_embed_dim
         self.dropout = cfg.dropout
+        self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
         self.embed_scale = math.sqrt(dim) if cfg.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = make_positions_module(cfg, dim, cfg.max_source_positions)
@@ -80,7 +81,7 @@ class TransformerEncoder(nn.Module):
         (see Transformer.forward)."""
         padding_mask = src_tokens.eq(PAD_ID)  # (B, S)
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # (B, S, D)
-        x = maybe_dropout(x, self.dropout, self.training)
+        x = maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
         attn_mask = None
         if padded:
             x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # as fairseq: pads enter the layers as zeros
@@ -97,6 +98,7 @@ class TransformerDecoder(nn.Module):
         super().__init__()
         dim = cfg.decoder_embed_dim
         self.dropout = cfg.dropout
+        self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
         self.embed_scale = math.sqrt(dim) if cfg.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = make_positions_module(cfg, dim, cfg.max_target_positions)
@@ -116,7 +118,7 @@ class TransformerDecoder(nn.Module):
     def embed(self, tokens: Tensor, start: int | None) -> Tensor:
         """tokens (B, T) -> (B, T, D): scaled embeddings + positions, dropout."""
         x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions(tokens, start)
-        return maybe_dropout(x, self.dropout, self.training)
+        return maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
 
     def forward(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, src_padded: bool = True) -> Tensor:
         """Teacher forcing: prev_output_tokens (B, T), right-padded -> hidden states (B, T, D).
@@ -132,7 +134,7 @@ class TransformerDecoder(nn.Module):
         """One new token per row (B*K, 1) at 0-based position `index`, a () long tensor on
         the device (no host checks: call `embed_positions.prepare` first) -> (B*K, 1, D)."""
         x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions.at(index)
-        return maybe_dropout(x, self.dropout, self.training)
+        return maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
 
     def forward_cached(self, x: Tensor, cross: CrossAttentionState, self_caches: list[LayerKV]) -> Tensor:
         """Decoding: embedded new tokens x (B*K, n, D) -> hidden states (B*K, n, D), with
@@ -159,11 +161,12 @@ class Transformer(nn.Module):
     """Encoder-decoder Transformer; see the module docstring for the decoding interface.
 
     `decoding` chooses the speed work that decoding uses (nmt_cli/models/fast/options.py);
-    it changes no output.
+    it changes no output. `lane_mask_dropout`: training's dropout on a CPU draws its
+    masks from 16-bit lanes (nmt_cli/models/fast/dropout.py); False: F.dropout.
     """
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int,
-                 decoding: DecodingOptions = DecodingOptions()) -> None:
+                 decoding: DecodingOptions = DecodingOptions(), lane_mask_dropout: bool = True) -> None:
         super().__init__()
         check_vocab_sizes(cfg, src_vocab_size, tgt_vocab_size)
         self.cfg = cfg
@@ -178,6 +181,7 @@ class Transformer(nn.Module):
         self.encoder = TransformerEncoder(cfg, encoder_embed)
         self.decoder = TransformerDecoder(cfg, decoder_embed, share_output)
         self.cache_buffers = BufferPool()  # used when decoding.pooled_buffers
+        set_lane_mask_dropout(self, lane_mask_dropout)
 
     # ---- teacher forcing ----
 
