@@ -1,4 +1,4 @@
-"""Dropout with 16-bit random lanes (nmt_cli/models/dropout.py) against the definition of
+"""Dropout with 16-bit random lanes (nmt_cli/models/fast/dropout.py) against the definition of
 dropout: each element independently zeroed with probability p, the rest scaled so the
 expectation is unchanged; the gradient through the same mask; F.dropout where it is used."""
 
