@@ -32,7 +32,6 @@ from torch import Tensor
 from nmt_cli.models.layers import merge_heads
 
 if TYPE_CHECKING:
-    from nmt_cli.models.fast.beam_slots import BeamSlotKV
     from nmt_cli.models.fast.buffer_pool import BufferPool
 
 
@@ -99,6 +98,27 @@ class LayerKV(Protocol):
         """qkv (B*K, n, 3, H, Dh), the new positions' queries, keys and values -> the
         attention output (B*K, n, H * Dh), before the output projection; the new keys
         and values are stored."""
+
+
+class SelfAttentionLayout(Protocol):
+    """Every decoder layer's self-attention keys and values, in one layout (RowMajorKV,
+    fast/beam_slots.BeamSlotKV)."""
+
+    @property
+    def capacity(self) -> int:
+        """Positions the buffers hold before they must grow."""
+
+    def layers(self, start: int, n: int) -> list[LayerKV]:
+        """Each layer's view for new positions start..start+n-1."""
+
+    def grow(self, capacity: int, length: int, buffers: BufferSource) -> None:
+        """Move the first `length` positions into buffers of `capacity` positions."""
+
+    def reorder(self, index: Tensor, sentence_index: Tensor | None, length: int, buffers: BufferSource) -> None:
+        """See Transformer.reorder_cache."""
+
+    def repeat_rows(self, K: int, length: int, buffers: BufferSource) -> None:
+        """One row per sentence -> K equal rows per sentence."""
 
 
 @dataclass
@@ -200,7 +220,7 @@ class DecoderCache:
 
     length: int = 0  # target positions already run
     cross: CrossAttentionState | None = None
-    self_attn: "RowMajorKV | BeamSlotKV | None" = None
+    self_attn: SelfAttentionLayout | None = None
     buffers: BufferSource | None = None
 
     @property
