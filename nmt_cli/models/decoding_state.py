@@ -95,9 +95,9 @@ class LayerKV(Protocol):
     """One decoder layer's self-attention cache for one step."""
 
     def attend(self, qkv: Tensor) -> Tensor:
-        """qkv (B*K, n, 3, H, Dh), the new positions' queries, keys and values -> the
-        attention output (B*K, n, H * Dh), before the output projection; the new keys
-        and values are stored."""
+        """qkv (B*K, n, 3 * H * Dh), the new positions' queries, keys and values (the fused
+        projection's output, viewed by each layout as it needs) -> the attention output
+        (B*K, n, H * Dh), before the output projection; the new keys and values are stored."""
 
 
 class SelfAttentionLayout(Protocol):
@@ -130,6 +130,7 @@ class RowMajorLayer:
 
     def attend(self, qkv: Tensor) -> Tensor:
         start, n = self.start, qkv.size(1)
+        qkv = qkv.view(qkv.size(0), n, 3, *self.kv.shape[-2:])  # (B*K, n, 3, H, Dh)
         self.kv[:, start : start + n] = qkv[:, :, 1:]
         # Strided (B, H, T, Dh) views: scaled_dot_product_attention reads them in place.
         k, v = self.kv[:, : start + n].permute(2, 0, 3, 1, 4).unbind(0)
@@ -157,6 +158,7 @@ class FixedShapeLayer:
     self_mask: Tensor  # (1, 1, 1, capacity) additive: 0 at positions <= index, -inf after
 
     def attend(self, qkv: Tensor) -> Tensor:
+        qkv = qkv.view(qkv.size(0), 1, 3, *self.kv.shape[-2:])  # (B*K, 1, 3, H, Dh)
         self.kv.index_copy_(1, self.index.view(1), qkv[:, :, 1:])
         k, v = self.kv.permute(2, 0, 3, 1, 4).unbind(0)  # (B*K, H, capacity, Dh) each
         q = qkv[:, :, 0].transpose(1, 2)  # (B*K, H, 1, Dh)

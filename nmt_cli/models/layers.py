@@ -216,9 +216,7 @@ class SelfAttention(nn.Module):
         """Decoding: new tokens x (B*K, n, D) -> (B*K, n, D), attending over the earlier
         positions that `cache` holds and over one another causally; their keys and
         values are stored in `cache` (nmt_cli/models/decoding_state.py, one path per layout)."""
-        rows, n, _ = x.shape
-        qkv = self.in_proj(x).view(rows, n, 3, self.num_heads, -1)  # (B*K, n, 3, H, Dh)
-        return self.out_proj(cache.attend(qkv))
+        return self.out_proj(cache.attend(self.in_proj(x)))  # in_proj: (B*K, n, 3 * D)
 
 
 class CrossAttention(nn.Module):
