@@ -96,11 +96,12 @@ class ArchSize:
 ARCH_SIZES = {"transformer_base": ArchSize(512, 2048, 6), "transformer_big": ArchSize(1024, 4096, 6),
               "transformer_tiny": ArchSize(32, 64, 2)}
 # Target tokens/s of nmt train on one H200 (bf16, 512 x 32-token batches, eager):
-# benchmarks/README.md, "GPU results of these scripts (2026-11-30)".
+# benchmarks/README.md, "Latest figures" (the GPU training row, 2026-11-30).
 H200_TARGET_TOKENS_PER_S = {"transformer_base": 498_468, "transformer_big": 248_347}
 # Real batches (lengths, padding, a new shape almost every update) against fixed shapes:
-# 0.58 to 1.0 of the fixed-shape rate in benchmarks/README.md's "Real batches" (CPU, bf16
-# 5,435 against 1.94 x float32's fixed rate; float32 4,851 against 4,866).
+# 0.58 to 1.0 of the fixed-shape rate in benchmarks/README.md's "Latest figures" (the CPU
+# rows on Multi30k's batches: bf16 5,435 against 1.94 x float32's fixed rate; float32
+# 4,851 against 4,866).
 REAL_BATCH_FACTOR = (0.58, 1.0)
 # The paper's own times on 8 P100s (section 5.2): 0.4 s per base update, 1.0 s per big one.
 P100X8_SECONDS_PER_UPDATE = {"transformer_base": 0.4, "transformer_big": 1.0}
