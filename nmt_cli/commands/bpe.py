@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from nmt_cli.config import DEFAULT_BPE_SAMPLE
+
 
 @click.command(name="learn-bpe")
 @click.option("--input", "inputs", multiple=True, required=True,
@@ -15,7 +17,7 @@ import click
                    "- for stdin.")
 @click.option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
 @click.option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
-@click.option("--sample", default=2_000_000, show_default=True,
+@click.option("--sample", default=DEFAULT_BPE_SAMPLE, show_default=True,
               help="Learn on at most this many sentences (a seeded random sample; 0: all).")
 @click.option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
 def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sample: int, seed: int) -> None:

@@ -86,15 +86,7 @@ class Translator:
     def __init__(self, cfg: TranslateConfig, warn: Callable[[str], None]) -> None:
         self.cfg = cfg
         self.warn = warn
-        self.device = torch.device(cfg.device)
-        if cfg.precision == "int8" and self.device.type != "cpu":
-            raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise NmtError("--device cuda: no CUDA device is available (use --device cpu)")
-        if cfg.precision == "fp16" and self.device.type == "cpu":
-            raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
-        if cfg.cuda_graphs and self.device.type != "cuda":
-            raise NmtError("--cuda-graphs needs --device cuda")
+        self.device = torch.device(cfg.device)  # TranslateConfig has checked it against precision and graphs
         if cfg.precision == "bf16" and self.device.type == "cpu":
             reason = packed.packed_unavailable_reason(torch.bfloat16)
             if reason is not None:
