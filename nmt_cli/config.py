@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
-from nmt_cli.options import option
+from nmt_cli.options import flag_option, option
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -154,8 +154,9 @@ class DecodeConfig:
     lenpen: float = option("--lenpen", default=1.0, show_default=True,
                            help="Length penalty exponent alpha (the paper: 0.6 with --lenpen-style gnmt).")
     # "fairseq": score / len**lenpen; "gnmt": score / ((5 + len) / 6)**lenpen. len counts </s>.
-    lenpen_style: str = option("--lenpen-style", default="fairseq", choices=LENPEN_STYLES, show_default=True,
-                               help="fairseq: score / len^alpha; gnmt: score / ((5 + len) / 6)^alpha (len counts </s>).")
+    lenpen_style: str = option(
+        "--lenpen-style", default="fairseq", choices=LENPEN_STYLES, show_default=True,
+        help="fairseq: score / len^alpha; gnmt: score / ((5 + len) / 6)^alpha (len counts </s>).")
     max_len_a: float = option("--max-len-a", default=0.0, show_default=True,
                               help="Maximum output length is a * source length + b (the paper: a 1, b 50).")
     max_len_b: int = option("--max-len-b", default=200, show_default=True, help="See --max-len-a.")
@@ -167,9 +168,9 @@ class DecodeConfig:
                                 help="Subtracted from the log-probability of <unk> (positive: fewer <unk>).")
     temperature: float = option("--temperature", default=1.0, show_default=True,
                                 help="Divide the logits by this before the softmax (< 1 sharper, > 1 flatter).")
-    sampling: bool = option("--sampling", default=False, is_flag=True,
-                            help="Sample instead of searching (back-translation): each of --beam hypotheses is one "
-                                 "sample.")
+    sampling: bool = flag_option(
+        "--sampling",
+        help="Sample instead of searching (back-translation): each of --beam hypotheses is one sample.")
     sampling_topk: int = option("--sampling-topk", default=-1, show_default=True,
                                 help="With --sampling: draw only from the k most probable tokens (-1: all).")
     sampling_topp: float = option("--sampling-topp", default=-1.0, show_default=True,
@@ -277,8 +278,8 @@ class TranslateConfig:
         "--errors", default="strict", choices=ERROR_POLICIES, show_default=True,
         help="Invalid UTF-8 input: strict stops with an error naming the line (lines before it are "
              "translated and written to stdout; -o FILE is left as it was); replace substitutes U+FFFD.")
-    quiet: bool = option("--quiet", "-q", default=False, is_flag=True,
-                         help="No progress bar or information on stderr (warnings and errors still appear).")
+    quiet: bool = flag_option("--quiet", "-q",
+                              help="No progress bar or information on stderr (warnings and errors still appear).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -365,8 +366,8 @@ class PreprocessConfig:
         help="Test prefix(es), comma-separated: splits test, test1, ...")
     destdir: Path = option("--destdir", default=Path("data-bin"), type=str, to_value=Path, show_default=True,
                            help="Output directory (data-bin/).")
-    joined_dictionary: bool = option("--joined-dictionary", default=False, is_flag=True,
-                                     help="One dictionary for both languages (needed to share embeddings).")
+    joined_dictionary: bool = flag_option("--joined-dictionary",
+                                          help="One dictionary for both languages (needed to share embeddings).")
     workers: int = option("--workers", default=1, show_default=True,
                           help="Processes for tokenization, BPE and binarization.")
     thresholdsrc: int = option("--thresholdsrc", default=0, show_default=True,
@@ -388,8 +389,8 @@ class PreprocessConfig:
     normalize_punctuation: bool = option(
         "--normalize-punctuation/--no-normalize-punctuation", default=True, show_default=True,
         help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing.")
-    aggressive_dash_splits: bool = option("--aggressive-dash-splits", default=False, is_flag=True,
-                                          help="Moses -a: split hyphenated words (A-B -> A @-@ B).")
+    aggressive_dash_splits: bool = flag_option("--aggressive-dash-splits",
+                                               help="Moses -a: split hyphenated words (A-B -> A @-@ B).")
     bpe: str = option("--bpe", default="sentencepiece", choices=PREPROCESS_BPE, show_default=True,
                       help="Subword segmentation; none: the text is already segmented.")
     bpe_size: int = option("--bpe-size", default=32000, show_default=True,
@@ -400,8 +401,8 @@ class PreprocessConfig:
         help="Learn BPE on at most this many sentences (a seeded random sample; both languages count "
              "for joint BPE); bounds memory on large corpora. 0: all.")
     bpe_seed: int = option("--bpe-seed", default=1, show_default=True, help="Seed of the BPE sentence sample.")
-    separate_bpe: bool = option("--separate-bpe", default=False, is_flag=True,
-                                help="Learn one BPE model per language instead of a joint one.")
+    separate_bpe: bool = flag_option("--separate-bpe",
+                                     help="Learn one BPE model per language instead of a joint one.")
     bpe_model: Path | None = option(  # reuse a joint model instead of learning one
         "--bpe-model", default=None, type=str, to_value=optional_path,
         help="Reuse this (joint) sentencepiece model instead of learning one.")
@@ -414,8 +415,8 @@ class PreprocessConfig:
         "--max-ratio", default=9.0, show_default=True,
         help="Drop training pairs whose length ratio exceeds this (Moses clean-corpus-n; fairseq's WMT recipe "
              "uses 1.5).")
-    force: bool = option("--force", default=False, is_flag=True,
-                         help="Replace a --destdir that holds a different dataset.")
+    force: bool = flag_option("--force",
+                              help="Replace a --destdir that holds a different dataset.")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -500,32 +501,32 @@ class ScoreConfig:
     # sacreBLEU's BLEU options (`--tokenize` choices are sacreBLEU's own).
     tokenize: str = option("--tokenize", default="13a", choices=_bleu_tokenizers, show_default=True,
                            help="sacreBLEU's BLEU tokenizer (as `sacrebleu --tokenize`).")
-    lowercase: bool = option(
-        "--lowercase", "-lc", default=False, is_flag=True,
+    lowercase: bool = flag_option(
+        "--lowercase", "-lc",
         help="Case-insensitive sacreBLEU BLEU (as `sacrebleu -lc`); chrF, TER and tokenized BLEU "
              "keep their defaults (tokenized BLEU is case-sensitive, as in the papers).")
     width: int = option("--width", "-w", default=1, type=int, show_default=True,
                         help="Decimals printed for sacreBLEU scores (as `sacrebleu --width`).")
     # Paper-comparable tokenized BLEU (multi-bleu.perl).
-    tokenized_bleu: bool = option(
-        "--tokenized-bleu", default=False, is_flag=True,
+    tokenized_bleu: bool = flag_option(
+        "--tokenized-bleu",
         help="Also report paper-style BLEU: Moses-tokenize hypotheses and references, then "
              "multi-bleu.perl (case-sensitive, no smoothing).")
     target_lang: str | None = option(
         "--target-lang", "-t", default=None, metavar="LANG",
         help="Language of the hypotheses, for the Moses tokenizer of --tokenized-bleu (e.g. de, fr).")
-    already_tokenized: bool = option(
-        "--already-tokenized", default=False, is_flag=True,
+    already_tokenized: bool = flag_option(
+        "--already-tokenized",
         help="With --tokenized-bleu: the inputs are already Moses-tokenized; only split on spaces.")
-    compound_split: bool = option(
-        "--compound-split", default=False, is_flag=True,
+    compound_split: bool = flag_option(
+        "--compound-split",
         help="With --tokenized-bleu: split hyphenated compounds (a-b -> a ##AT##-##AT## b) in both "
              "hypotheses and references, as tensor2tensor's get_ende_bleu.sh (En-De only).")
-    sentence_level: bool = option(
-        "--sentence-level", "-sl", default=False, is_flag=True,
+    sentence_level: bool = flag_option(
+        "--sentence-level", "-sl",
         help="One score per hypothesis line (BLEU with effective order, as `sacrebleu -sl`).")
-    output_json: bool = option(
-        "--json", default=False, is_flag=True,
+    output_json: bool = flag_option(
+        "--json",
         help="JSON output: a list of sacreBLEU-style results; with --sentence-level one object per line.")
     # Paired bootstrap resampling against a second system.
     compare: str | None = option(
@@ -708,8 +709,8 @@ class TrainConfig:
                                     help="Validate every N epochs (0: not at epoch ends).")
     validate_interval_updates: int = option("--validate-interval-updates", default=0, type=int,
                                             help="Also validate every N updates (0: off).")
-    disable_validation: bool = option("--disable-validation", default=False, is_flag=True,
-                                      help="Never validate (no valid split needed).")
+    disable_validation: bool = flag_option("--disable-validation",
+                                           help="Never validate (no valid split needed).")
     best_checkpoint_metric: str = option("--best-checkpoint-metric", default="loss", choices=BEST_CHECKPOINT_METRICS,
                                          help="Validation metric that selects checkpoint_best.pt (lower is better).")
     save_interval: int = option("--save-interval", default=1, type=int,
@@ -721,10 +722,10 @@ class TrainConfig:
                                    help="Keep only the newest N epoch checkpoints (-1: all).")
     keep_interval_updates: int = option("--keep-interval-updates", default=-1, type=int,
                                         help="Keep only the newest N update checkpoints (-1: all).")
-    reset_optimizer: bool = option("--reset-optimizer", default=False, is_flag=True,
-                                   help="When resuming: keep weights and progress, start a fresh optimizer state.")
-    reset_run: bool = option(
-        "--reset-run", default=False, is_flag=True,
+    reset_optimizer: bool = flag_option("--reset-optimizer",
+                                        help="When resuming: keep weights and progress, start a fresh optimizer state.")
+    reset_run: bool = flag_option(
+        "--reset-run",
         help="Delete the earlier run in --save-dir (its checkpoints and train_log.jsonl) and train from "
              "scratch. Without it, a --save-dir holding checkpoints or a log but no checkpoint_last.pt is refused.")
     finetune_from: str | None = option(
@@ -738,7 +739,7 @@ class TrainConfig:
         "--precision", default="fp32", choices=TRAIN_PRECISIONS,
         help="fp32 (TF32 matmuls on GPU), bf16 autocast, fp16 autocast with dynamic loss scaling, or "
              "pure-bf16: the model runs in bf16 and the optimizer updates float32 master weights (fairseq's --bf16).")
-    compile: bool = option("--compile", default=False, is_flag=True, help="Compile the model with torch.compile.")
+    compile: bool = flag_option("--compile", help="Compile the model with torch.compile.")
     log_interval: int = option("--log-interval", default=100, type=int,
                                help="Log training statistics every N updates.")
 

@@ -47,6 +47,11 @@ def option(*decls: str, default: Any = dataclasses.MISSING, **details: Any) -> A
     return dataclasses.field(default=default, metadata={_FLAG: Flag(decls, **details)})
 
 
+def flag_option(*decls: str, **details: Any) -> Any:
+    """A boolean field, False unless its flag is given."""
+    return option(*decls, default=False, is_flag=True, **details)
+
+
 def flag_of(field: dataclasses.Field) -> Flag | None:
     return field.metadata.get(_FLAG)
 
