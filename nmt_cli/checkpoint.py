@@ -8,6 +8,7 @@ checkpoint behind and never damages the previous one.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import warnings
@@ -25,6 +26,15 @@ from nmt_cli.models.transformer import Transformer
 from nmt_cli.staging import fsync_path, replace_atomically
 
 FORMAT_VERSION = 1
+
+# The optional keys of a checkpoint (docs/FORMATS.md) and the types their values may have.
+OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
+    "source_lang": (str,), "target_lang": (str,), "num_updates": (int,), "epoch": (int,),
+    "best_metric": (float, int, type(None)), "patience_counter": (int,), "validated_at": (int, type(None)),
+    "log_records": (int,), "train_config": (dict,), "optimizer": (dict,), "scheduler": (dict,),
+    "scaler": (dict, type(None)), "iterator": (dict,), "rng": (dict,), "log_window": (dict,),
+    "averaged_checkpoints": (list, tuple),
+}
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
@@ -88,10 +98,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise NmtError(f"{path} is a directory, not a checkpoint file (e.g. {path / 'checkpoint_best.pt'})")
     if not path.is_file():
         raise NmtError(f"checkpoint not found: {path}")
+    return _load_and_check(path, path, map_location)
+
+
+def load_checkpoint_bytes(data: bytes, path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint received as the bytes of the file `path` (e.g. from another rank),
+    checked as `load_checkpoint` checks a file."""
+    return _load_and_check(io.BytesIO(data), Path(path), "cpu")
+
+
+def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | torch.device) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")  # noise before the refusal
-            state = torch.load(path, map_location=map_location, weights_only=True)
+            state = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure here means "not a readable checkpoint"
         raise NmtError(f"not a readable nmt checkpoint: {path} ({_load_failure_reason(error)})") from None
     if not isinstance(state, dict) or "format_version" not in state:
@@ -106,6 +126,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             raise NmtError(f"checkpoint {path} lacks {key!r}")
     if not isinstance(state["model"], dict):
         raise NmtError(f"checkpoint {path}: 'model' is not a dict of weights")
+    check_weight_types(state["model"], path)
+    for key, allowed in OPTIONAL_FIELDS.items():
+        if key in state and not _has_type(state[key], allowed):
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise NmtError(f"checkpoint {path}: {key!r} is a {type(state[key]).__name__}, not {names}")
     for key in ("src_dict", "tgt_dict"):
         if not isinstance(state[key], (list, tuple)) or not all(isinstance(s, str) for s in state[key]):
             raise NmtError(f"checkpoint {path}: {key!r} is not a list of symbols")
@@ -114,6 +139,24 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     except NmtError as error:
         raise NmtError(f"checkpoint {path}: {error}") from None
     return state
+
+
+def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
+    """Whether `value` is of one of the `allowed` types; a bool is not a number here."""
+    if isinstance(value, bool):
+        return bool in allowed
+    return isinstance(value, allowed)
+
+
+def check_weight_types(weights: dict, source: str | os.PathLike) -> None:
+    """NmtError naming the first entry of `weights` that is not a tensor under a string
+    name. (Whether a tensor must hold floating-point numbers is the model's to say, in
+    `check_state_dict_fits`: a state dict may hold integer buffers, which averaging keeps.)"""
+    for key, value in weights.items():
+        if not isinstance(key, str):
+            raise NmtError(f"{source}: the weights hold a name that is not a string ({key!r})")
+        if not isinstance(value, torch.Tensor):
+            raise NmtError(f"{source}: weight {key} is a {type(value).__name__}, not a tensor")
 
 
 def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "checkpoint") -> Transformer:
@@ -160,6 +203,9 @@ def check_state_dict_fits(model: nn.Module, weights: dict[str, torch.Tensor], so
     unexpected = [k for k in weights if k not in expected]
     wrong = [k for k in expected if k in weights and tuple(weights[k].shape) != tuple(expected[k].shape)]
     if not (missing or unexpected or wrong):
+        for key, tensor in expected.items():
+            if tensor.is_floating_point() and not weights[key].is_floating_point():
+                raise NmtError(f"{source}: weight {key} is a tensor of {weights[key].dtype}, not of floating-point numbers")
         return
     details = []
     if missing:

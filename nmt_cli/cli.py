@@ -17,6 +17,8 @@ import click
 
 from nmt_cli import __version__
 from nmt_cli.errors import NmtError
+from nmt_cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_by_exception
+from nmt_cli.streams import guard_standard_streams, write_path_names_as_given
 
 # name -> (module under nmt_cli.commands, one-line help shown by `nmt --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,6 +59,16 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def main(self, *args, **kwargs):
+        guard_standard_streams()
+        write_path_names_as_given()
+        with terminate_by_exception():
+            try:
+                return super().main(*args, **kwargs)
+            except NmtError as error:  # outside a subcommand: `nmt --help` on a closed stdout
+                click.echo(f"error: {error}", err=True)
+                sys.exit(1)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -77,7 +89,10 @@ class LazyGroup(click.Group):
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
-            sys.exit(130)
+            sys.exit(EXIT_INTERRUPTED)
+        except Terminated:
+            click.echo("terminated", err=True)
+            sys.exit(EXIT_TERMINATED)
         except RuntimeError as error:  # torch's out-of-memory errors (CPU and GPU) are RuntimeErrors
             if not _is_out_of_memory(error):
                 raise

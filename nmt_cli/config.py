@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
+from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
 from nmt_cli.options import flag_option, option
 
 # numpy's random generators take seeds in [0, 2**32).
@@ -299,26 +300,21 @@ class TranslateConfig:
             raise NmtError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
         if self.batch_size is not None and self.batch_size < 1:
             raise NmtError(f"--batch-size must be >= 1 (got {self.batch_size})")
-        if self.threads is not None and self.threads < 1:
-            raise NmtError(f"--threads must be >= 1 (got {self.threads})")
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise NmtError(f"--device must be cpu, cuda or cuda:N (got {self.device!r})")
-        if self.workers < 1:
-            raise NmtError(f"--workers must be >= 1 (got {self.workers})")
+        if self.threads is not None:
+            check_cpu_count("--threads", self.threads)
+        check_device_string(self.device)
+        check_cpu_count("--workers", self.workers)
         if self.workers > 1 and self.device != "cpu":
             raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
         self._check_device_fits()
 
     def _check_device_fits(self) -> None:
-        """The precision and CUDA graphs against the device (torch is imported only for a cuda one)."""
+        """The device exists, and fits the precision and CUDA graphs (torch is imported only for a cuda one)."""
         device_type = self.device.split(":")[0]
         if self.precision == "int8" and device_type != "cpu":
             raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
         if device_type == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise NmtError("--device cuda: no CUDA device is available (use --device cpu)")
+            check_cuda_device(self.device)
         if self.precision == "fp16" and device_type == "cpu":
             raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
         if self.cuda_graphs and device_type != "cuda":
@@ -425,8 +421,7 @@ class PreprocessConfig:
                 raise NmtError(f"{flag} must be a plain language code like 'en' (got {lang!r})")
         if self.source_lang == self.target_lang:
             raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
-        if self.workers < 1:
-            raise NmtError(f"--workers must be >= 1 (got {self.workers})")
+        check_cpu_count("--workers", self.workers)
         if self.tokenizer not in PREPROCESS_TOKENIZERS:
             raise NmtError(f"--tokenizer must be one of {', '.join(PREPROCESS_TOKENIZERS)} (got {self.tokenizer!r})")
         if self.bpe not in PREPROCESS_BPE:
@@ -435,6 +430,9 @@ class PreprocessConfig:
             raise NmtError(f"--bpe-size must be >= 2 (got {self.bpe_size})")
         if self.bpe_sample < 0:
             raise NmtError(f"--bpe-sample must be >= 0 (0: all sentences; got {self.bpe_sample})")
+        from nmt_cli.text.bpe import check_sentencepiece_sizes
+
+        check_sentencepiece_sizes(self.bpe_size, self.bpe_sample, "--bpe-size", "--bpe-sample")
         check_seed(self.bpe_seed, "--bpe-seed")
         if self.min_len < 1 or self.max_len < self.min_len:
             raise NmtError(f"need 1 <= --min-len <= --max-len (got {self.min_len}, {self.max_len})")
@@ -656,7 +654,9 @@ class TrainConfig:
         "--save-dir", required=True,
         help="Run directory for checkpoints, train_log.jsonl and config.json. If it holds checkpoint_last.pt, "
              "training resumes from it (on the same data-bin only). One training run at a time may use it (a "
-             "lock, .NAME.lock beside it, says which process has it).")
+             "lock, .NAME.lock beside it, says which process has it). Under torchrun only global rank 0 writes; a "
+             "rank whose --save-dir lacks checkpoint_last.pt is sent rank 0's, and a rank holding another one than "
+             "rank 0's (or one while rank 0 has none) stops training with an error.")
     source_lang: str | None = option("--source-lang", "-s", default=None,
                                      help="Source language [default: the data-bin's meta.json].")
     target_lang: str | None = option("--target-lang", "-t", default=None,
@@ -777,8 +777,7 @@ class TrainConfig:
             raise NmtError(f"unknown --precision {self.precision!r}; choose from {', '.join(TRAIN_PRECISIONS)}")
         if self.best_checkpoint_metric not in BEST_CHECKPOINT_METRICS:
             raise NmtError(f"--best-checkpoint-metric must be one of {', '.join(BEST_CHECKPOINT_METRICS)}")
-        if not (self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda")):
-            raise NmtError(f"--device must be auto, cpu or cuda[:N] (got {self.device!r})")
+        check_device_string(self.device, also=("auto",))
         check_seed(self.seed)
 
     def to_dict(self) -> dict[str, Any]:

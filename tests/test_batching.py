@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from databin_utils import reversal_data_bin
 
+from nmt_cli.data import batching
 from nmt_cli.data.batching import (
     epoch_batches,
     filter_by_size,
@@ -14,6 +17,7 @@ from nmt_cli.data.batching import (
     rank_share,
 )
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
+from nmt_cli.data.indexed import sentence_sizes
 from nmt_cli.data.pairs import collate, load_data_bin
 from nmt_cli.errors import NmtError
 
@@ -142,3 +146,71 @@ def test_data_bin_errors(tmp_path) -> None:
         load_data_bin(path, "src", "fr")
     with pytest.raises(NmtError, match="no meta.json"):
         load_data_bin(tmp_path)
+
+
+# --- the compact planner against the plain algorithm it replaced ---------------------------
+
+
+def reference_make_batches(src_sizes, tgt_sizes, max_tokens, max_sentences, multiple, seed, indices):
+    """The batch plan as first written: int64 arrays, full-length argsorts, a list of lengths."""
+    src_sizes = np.asarray(src_sizes, dtype=np.int64)
+    tgt_sizes = np.asarray(tgt_sizes, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    order = indices[rng.permutation(len(indices))]
+    order = order[np.argsort(tgt_sizes[order], kind="stable")]
+    order = order[np.argsort(src_sizes[order], kind="stable")]
+    num_tokens = np.maximum(src_sizes[order], tgt_sizes[order]).tolist()
+    max_tokens = max_tokens or 1 << 62
+    max_sentences = max_sentences or 1 << 62
+    batches, start, longest = [], 0, 0
+    for i, length in enumerate(num_tokens):
+        while i > start and (i - start == max_sentences or (i - start + 1) * max(longest, length) > max_tokens):
+            size = i - start
+            keep = max(multiple * (size // multiple), size % multiple)
+            batches.append(order[start : start + keep])
+            start += keep
+            longest = max(num_tokens[start:i], default=0)
+        longest = max(longest, length)
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+def corpus_sizes(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-pair lengths (words + </s>) of a corpus: generated, or the shared Multi30k training text."""
+    if name == "generated":
+        rng = np.random.default_rng(5)
+        src = np.clip(rng.lognormal(3.2, 0.6, 30_000), 0, 300).astype(np.int64)  # empty and too long ones too
+        tgt = np.clip(src * rng.lognormal(0.05, 0.25, 30_000), 0, 300).astype(np.int64)
+        return src, tgt
+    data = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+    if not (data / "train.en").is_file():
+        pytest.skip("the shared Multi30k corpus is not here")
+    sides = [np.array([len(line.split()) + 1 for line in (data / f"train.{lang}").read_text(encoding="utf-8").splitlines()])
+             for lang in ("en", "de")]
+    return sides[0], sides[1]
+
+
+@pytest.mark.parametrize("corpus", ["generated", "multi30k"])
+@pytest.mark.parametrize("chunk", [batching.CHUNK, 1000])  # 1000: every chunked path runs many times
+def test_the_compact_plan_equals_the_plain_algorithm(monkeypatch, corpus: str, chunk: int) -> None:
+    monkeypatch.setattr(batching, "CHUNK", chunk)
+    src, tgt = corpus_sizes(corpus)
+    offsets = lambda sizes: np.concatenate([[0], np.cumsum(sizes)])  # noqa: E731 - as a data-bin stores them
+    src16, tgt16 = sentence_sizes(offsets(src)), sentence_sizes(offsets(tgt))
+    assert src16.dtype == tgt16.dtype == np.int16 and np.array_equal(src16, src) and np.array_equal(tgt16, tgt)
+    kept, skipped = filter_by_size(src16, tgt16, 120, 128)
+    expected = np.flatnonzero((src <= 120) & (tgt <= 128) & (src > 0) & (tgt > 0))
+    assert kept.dtype == np.int32 and np.array_equal(kept, expected) and skipped == len(src) - len(expected)
+    for max_tokens, max_sentences, multiple, seed in [(4096, None, 8, 1), (1000, 50, 1, 7), (None, 64, 8, 3)]:
+        new = make_batches(src16, tgt16, max_tokens, max_sentences, multiple, seed, kept)
+        old = reference_make_batches(src, tgt, max_tokens, max_sentences, multiple, seed, expected)
+        assert len(new) == len(old)
+        assert all(a.dtype == np.int32 and np.array_equal(a, b) for a, b in zip(new, old))
+
+
+def test_sentence_sizes_widen_for_long_sentences() -> None:
+    offsets = np.array([0, 3, 3 + 40_000, 3 + 40_000 + 1], dtype=np.int64)
+    sizes = sentence_sizes(offsets)
+    assert sizes.dtype == np.int32 and sizes.tolist() == [3, 40_000, 1]
+    assert sentence_sizes(np.zeros(1, dtype=np.int64)).tolist() == []

@@ -121,3 +121,22 @@ def test_preprocess_speed_on_a_small_corpus(tmp_path: Path) -> None:
         assert match and figure(match[1]) > 0, lines
     # The binarized corpus is there, one entry per pair.
     assert any((tmp_path / "work").rglob("*.bin")), sorted(p.name for p in (tmp_path / "work").rglob("*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [(), ("--direct",)])
+def test_corpus_scale_plans_what_train_plans_and_projects_its_own_growth(tmp_path: Path, mode: tuple) -> None:
+    lines = run_benchmark("corpus_scale.py", "--pairs", "1500", "--base-pairs", "500", "--updates", "1",
+                          "--bpe-size", "300", "--work-dir", str(tmp_path), *mode)
+    for pairs in ("500", "1,500"):
+        plan = re.search(r"\(([\d,]+) batches in", line_starting(lines, f"{pairs:>11} batch plan"))
+        # Text mode: cleaning may drop a few generated pairs before training sees them.
+        train = re.search(r"\([\d,]+ pairs in ([\d,]+) batches", line_starting(lines, f"{pairs:>11} train start-up"))
+        assert plan and train and plan[1] == train[1], lines  # the benchmark's plan is nmt train's
+        if not mode:
+            assert re.search(r"peak RSS +\d+ MiB", line_starting(lines, f"{pairs:>11} preprocess")), lines
+    growth = [line for line in lines if "bytes/pair ->" in line]
+    assert len(growth) == 4, lines
+    for line in growth:
+        match = re.search(r"(-?[\d.]+) bytes/pair -> +(-?[\d.]+) GiB at 36M pairs", line)
+        assert match and float(match[2]) == pytest.approx(float(match[1]) * 36e6 / 2**30, abs=0.006), line

@@ -14,6 +14,7 @@ import pytest
 
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import EOS_ID, UNK_ID, Dictionary
+from nmt_cli.data import indexed
 from nmt_cli.data.indexed import IndexedDataset, IndexedDatasetBuilder
 from nmt_cli.errors import NmtError
 from nmt_cli.preprocess import preprocess
@@ -210,7 +211,9 @@ def test_separate_bpe_and_plain_tokens(corpus: Path) -> None:
     assert dictionary.symbols[4:20] == [w for w, _ in sorted(words.items(), key=lambda wc: (-wc[1], wc[0]))][:16]
 
 
-def test_offsets_survive_builder_merge(tmp_path: Path) -> None:
+@pytest.mark.parametrize("offsets_chunk", [indexed.OFFSETS_CHUNK, 3])  # 3: offsets written out mid-way, often
+def test_offsets_survive_builder_merge(tmp_path: Path, monkeypatch, offsets_chunk: int) -> None:
+    monkeypatch.setattr(indexed, "OFFSETS_CHUNK", offsets_chunk)
     rng = np.random.default_rng(0)
     sentences = [rng.integers(0, 70000, size=rng.integers(0, 9)).tolist() for _ in range(50)]
     for part, chunk in enumerate((sentences[:20], sentences[20:])):
@@ -220,10 +223,27 @@ def test_offsets_survive_builder_merge(tmp_path: Path) -> None:
         builder.finalize()
     merged = IndexedDatasetBuilder(tmp_path / "all", 70001)
     merged.merge(tmp_path / "p0")
+    merged.add(sentences[0])
     merged.merge(tmp_path / "p1")
     merged.finalize()
     dataset = IndexedDataset(tmp_path / "all")
-    assert [dataset[i].tolist() for i in range(len(dataset))] == sentences
+    expected = sentences[:20] + sentences[:1] + sentences[20:]
+    assert [dataset[i].tolist() for i in range(len(dataset))] == expected
+    # The .idx as docs/FORMATS.md lays it out: header with the count, then n + 1 offsets.
+    raw = (tmp_path / "all.idx").read_bytes()
+    magic, code, count = indexed.HEADER.unpack(raw[: indexed.HEADER.size])
+    assert (magic, code, count) == (indexed.MAGIC, 2, len(expected))
+    offsets = np.frombuffer(raw[indexed.HEADER.size :], dtype="<i8")
+    assert offsets.tolist() == [0, *np.cumsum([len(ids) for ids in expected]).tolist()]
+
+
+def test_an_unfinished_builder_leaves_no_readable_corpus(tmp_path: Path) -> None:
+    builder = IndexedDatasetBuilder(tmp_path / "cut", 100)
+    for _ in range(3 * indexed.OFFSETS_CHUNK):  # its offsets are partly on disk already
+        builder.add([5, 6, 7])
+    del builder  # never finalized, as in a killed run: its files are closed with what they hold
+    with pytest.raises(NmtError, match="truncated or corrupt"):
+        IndexedDataset(tmp_path / "cut")
 
 
 @pytest.mark.slow

@@ -24,13 +24,13 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     from nmt_cli.commands.outputs import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.errors import NmtError
     from nmt_cli.run_lock import directory_lock
+    from nmt_cli.machine import check_cpu_count
     from nmt_cli.text.parallel import binarize_file
     from nmt_cli.text.progress import StageReporter
     from nmt_cli.text.reader import count_lines
     from nmt_cli.text.stages import JobRunner
 
-    if workers < 1:
-        raise NmtError(f"--workers must be >= 1 (got {workers})")
+    check_cpu_count("--workers", workers)
     source, prefix = Path(input_path), file_prefix(output_prefix, "--output-prefix", (".bin", ".idx"))
     if not Path(dict_path).is_file():
         raise NmtError(f"dictionary not found: {dict_path}")

@@ -34,10 +34,11 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     from nmt_cli.commands.outputs import file_prefix, make_parent_directory, refuse_overwriting_inputs
     from nmt_cli.config import check_seed
     from nmt_cli.errors import NmtError
-    from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
+    from nmt_cli.text.bpe import BpeModel, check_sentencepiece_sizes, learn_bpe as learn
 
     if sample < 0:
         raise NmtError(f"--sample must be >= 0 (0: all sentences; got {sample})")
+    check_sentencepiece_sizes(vocab_size, sample, "--vocab-size", "--sample")
     check_seed(seed)
     file_prefix(model_prefix, "--model-prefix", (".model",))  # '' would write a hidden `.model`
     if inputs.count("-") > 1:

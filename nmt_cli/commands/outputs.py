@@ -13,6 +13,7 @@ from typing import IO
 
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import published_on_success
+from nmt_cli.streams import closed_error
 
 
 def make_parent_directory(path: Path) -> None:
@@ -43,7 +44,11 @@ def opened(path: str, mode: str) -> Iterator[IO]:
     After any other failure the file is closed quietly, so that the first error shows.
     """
     if path == "-":
-        yield {"rb": sys.stdin.buffer, "wb": sys.stdout.buffer, "w": sys.stdout}[mode]
+        standard = {"rb": sys.stdin.buffer, "wb": sys.stdout.buffer, "w": sys.stdout}[mode]
+        closed = closed_error(standard)
+        if closed is not None:
+            raise closed
+        yield standard
         return
     verb = "read" if mode == "rb" else "write"
     try:

@@ -8,7 +8,6 @@ first (fairseq's convention), and `target` (B, T), all right-padded with `<pad>`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDataset, dataset_exists
+from nmt_cli.data.meta import read_meta
 from nmt_cli.errors import NmtError
 
 
@@ -114,8 +114,11 @@ class DataBin:
                 raise NmtError(f"data-bin has no {name!r} split for {pair}: {prefix}.bin/.idx not found")
         data = PairDataset(IndexedDataset(prefixes[0]), IndexedDataset(prefixes[1]))
         for dataset, dictionary, lang in ((data.src, self.src_dict, "source"), (data.tgt, self.tgt_dict, "target")):
-            if dataset.max_id() >= len(dictionary):
-                raise NmtError(f"{dataset.prefix}.bin has id {dataset.max_id()} beyond the {lang} dictionary ({len(dictionary)} symbols)")
+            smallest, largest = dataset.id_range()
+            if largest >= len(dictionary):
+                raise NmtError(f"{dataset.prefix}.bin has id {largest} beyond the {lang} dictionary ({len(dictionary)} symbols)")
+            if smallest < 0:
+                raise NmtError(f"{dataset.prefix}.bin has id {smallest}, below 0 (a corrupt file)")
         return data
 
 
@@ -124,15 +127,8 @@ def load_data_bin(path: str | Path, source_lang: str | None = None, target_lang:
     path = Path(path)
     if not path.is_dir():
         raise NmtError(f"data-bin directory not found: {path}")
+    meta = read_meta(path)
     meta_path = path / "meta.json"
-    if not meta_path.is_file():
-        raise NmtError(f"not a data-bin (no meta.json): {path}")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise NmtError(f"meta.json is not valid JSON: {meta_path} ({e})") from None
-    if not isinstance(meta, dict):
-        raise NmtError(f"meta.json does not hold a JSON object: {meta_path}")
     src = source_lang or meta.get("source_lang")
     tgt = target_lang or meta.get("target_lang")
     if not src or not tgt:

@@ -16,13 +16,14 @@ import torch
 
 from nmt_cli.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
+from nmt_cli.data.meta import read_meta
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import release_freed_memory
 from nmt_cli.models.int8 import quantize_linears
 from nmt_cli.models.packed import pack_linears
-from nmt_cli.text.pipeline import TextPipeline, read_meta
+from nmt_cli.text.pipeline import TextPipeline
 
 
 @dataclass

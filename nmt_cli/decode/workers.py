@@ -32,6 +32,7 @@ from nmt_cli.config import TranslateConfig
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.translator import Translation, Translator, prepare_process
 from nmt_cli.errors import NmtError
+from nmt_cli.signals import workers_ignore_interrupts
 
 
 def shares_by_length(lines: list[InputLine], count: int) -> list[list[int]]:
@@ -54,12 +55,13 @@ class ParallelTranslator:
         self.local: Translator | None = None
         context = multiprocessing.get_context("spawn")
         self.workers: list[tuple[Any, Connection]] = []
-        for _ in range(cfg.workers - 1):
-            ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, cfg), daemon=True, name="nmt translate worker")
-            process.start()
-            theirs.close()
-            self.workers.append((process, ours))
+        with workers_ignore_interrupts():  # Ctrl-C is the main process's to handle
+            for _ in range(cfg.workers - 1):
+                ours, theirs = context.Pipe()
+                process = context.Process(target=_serve, args=(theirs, cfg), daemon=True, name="nmt translate worker")
+                process.start()
+                theirs.close()
+                self.workers.append((process, ours))
 
     def use(self, local: Translator) -> "ParallelTranslator":
         """Translate with `local` too, once every worker has loaded the model."""
@@ -121,7 +123,7 @@ def _serve(connection: Connection, cfg: TranslateConfig) -> None:
     """A worker process: load the model, then translate each share sent until None."""
     import click
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited already where started in the main thread
     prepare_process(cfg)
     loading = True  # the main process gives the warnings that loading gives
 

@@ -22,6 +22,8 @@ from nmt_cli.staging import replace_atomically
 # sentencepiece's learned model depends on its thread count; a fixed count keeps
 # the model (and everything after it) identical whatever --workers is.
 TRAIN_THREADS = 4
+# sentencepiece parses its sizes as C ints; a larger value fails inside it with a traceback.
+SENTENCEPIECE_MAX_INT = 2**31 - 1
 
 
 def learn_bpe(
@@ -39,6 +41,7 @@ def learn_bpe(
     """
     if vocab_size < 2:
         raise NmtError(f"BPE vocabulary size must be at least 2, got {vocab_size}")
+    check_sentencepiece_sizes(vocab_size, sample_size)
     spm.set_random_generator_seed(seed)
     # Serialized in memory: a model written by sentencepiece itself records its output path.
     model = io.BytesIO()
@@ -70,6 +73,14 @@ def learn_bpe(
             ) from None
         raise NmtError(f"sentencepiece could not learn a model: {e}") from None
     _write_file(Path(model_path), model.getvalue())
+
+
+def check_sentencepiece_sizes(vocab_size: int, sample_size: int, flags: str = "--bpe-size/--vocab-size",
+                              sample_flag: str = "--bpe-sample/--sample") -> None:
+    """NmtError for a size beyond what sentencepiece can take."""
+    for flag, value in ((flags, vocab_size), (sample_flag, sample_size)):
+        if value > SENTENCEPIECE_MAX_INT:
+            raise NmtError(f"{flag} must be at most {SENTENCEPIECE_MAX_INT} (sentencepiece's limit; got {value})")
 
 
 class _RecordingIterator:
@@ -114,8 +125,11 @@ class BpeModel:
         self.path = path
         self._sp = spm.SentencePieceProcessor()
         try:
-            self._sp.load(str(path))
-        except (OSError, RuntimeError):
+            # From its bytes: sentencepiece takes a path only as UTF-8 text, and a path name may not be.
+            self._sp.load(model_proto=path.read_bytes())
+        except OSError as error:
+            raise NmtError(f"cannot read {path}: {error.strerror or error}") from None
+        except RuntimeError:
             raise NmtError(f"not a sentencepiece model: {path}") from None
 
     def size(self) -> int:

@@ -10,10 +10,10 @@ for models imported from fairseq).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
+from nmt_cli.data.meta import read_meta
 from nmt_cli.errors import NmtError
 from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.subword_nmt import DEFAULT_SEPARATOR, SubwordNmtBpe
@@ -68,19 +68,6 @@ class TextPipeline:
     def decode(self, pieces: list[str]) -> str:
         tokenized = self.bpe.decode(pieces) if self.bpe is not None else " ".join(pieces)
         return self.tokenizer.detokenize(tokenized.split())
-
-
-def read_meta(directory: Path) -> dict:
-    path = directory / "meta.json"
-    if not path.is_file():
-        raise NmtError(f"no meta.json in {directory} (not a data-bin directory written by `nmt preprocess`?)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise NmtError(f"corrupt {path}: {e}") from None
-    if not isinstance(meta, dict):
-        raise NmtError(f"corrupt {path}: not a JSON object")
-    return meta
 
 
 def bpe_model_path(directory: Path, meta: dict, side: str) -> Path | None:

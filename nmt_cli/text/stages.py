@@ -20,6 +20,7 @@ from typing import Any
 
 from nmt_cli.data.dictionary import UNK_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
+from nmt_cli.signals import workers_ignore_interrupts
 from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.clean import REASONS, CleanSettings, drop_reason
 from nmt_cli.text.reader import Chunk, read_lines
@@ -157,7 +158,11 @@ class JobRunner:
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], on_done: Callable[[], None] | None = None) -> list:
         """Results in job order; `on_done` is called once per finished job (for progress)."""
         results = []
-        outputs = self._pool.map(fn, jobs) if self._pool is not None else map(fn, jobs)
+        if self._pool is not None:
+            with workers_ignore_interrupts():  # the pool starts its processes as the jobs are submitted
+                outputs = self._pool.map(fn, jobs)
+        else:
+            outputs = map(fn, jobs)
         for output in outputs:
             results.append(output)
             if on_done is not None:
@@ -168,11 +173,26 @@ class JobRunner:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
+    def stop(self) -> None:
+        """End the worker processes now, their jobs unfinished (after an error or a signal)."""
+        if self._pool is None:
+            return
+        # ProcessPoolExecutor has no public way to end running jobs before Python 3.14.
+        processes = list(getattr(self._pool, "_processes", {}).values())
+        for process in processes:
+            process.terminate()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.join()
+
     def __enter__(self) -> "JobRunner":
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.stop()
 
 
 def concatenate(parts: Sequence[Path], dest: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from nmt_cli.errors import NmtError
+from nmt_cli.machine import check_cuda_device
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,7 @@ def choose_device(device: str, local_rank: int) -> torch.device:
         device = f"cuda:{local_rank}"
     chosen = torch.device(device)
     if chosen.type == "cuda":
-        if not torch.cuda.is_available():
-            raise NmtError(f"--device {device}: CUDA is not available")
+        check_cuda_device(device)
         torch.cuda.set_device(chosen)
     return chosen
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, where
 from nmt_cli.staging import replace_atomically
 
 LOG_NAME = "train_log.jsonl"
@@ -31,12 +31,12 @@ class MetricsLog:
         self.enabled = enabled
         self.missing_records = 0  # records the checkpoint expects but the file lacks
         if enabled:
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+            lines = _read_records(path, keep_records)
             self.missing_records = max(0, keep_records - len(lines))
             if len(lines) > keep_records:
-                kept = "".join(lines[:keep_records])
+                kept = b"".join(lines[:keep_records])
                 try:
-                    replace_atomically(path, lambda tmp: tmp.write_text(kept, encoding="utf-8"))
+                    replace_atomically(path, lambda tmp: tmp.write_bytes(kept))
                 except OSError as error:
                     raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
 
@@ -48,6 +48,28 @@ class MetricsLog:
                 f.write(json.dumps(record) + "\n")
         except OSError as error:
             raise NmtError(f"cannot write {self.path}: {error.strerror or error}") from None
+
+
+def _read_records(path: Path, keep_records: int) -> list[bytes]:
+    """The lines of an existing log, newlines kept. Read as bytes: lines past those the
+    checkpoint holds are cut unread; a damaged one among the kept is one error line."""
+    if not path.is_file():
+        return []
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise NmtError(f"cannot read {path}: {error.strerror or error}") from None
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    if not lines[-1]:
+        lines.pop()
+    for number, line in enumerate(lines[:keep_records], start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise NmtError(f"invalid UTF-8 at {where(path, number)}, a record the checkpoint counts on; repair the "
+                           "line, or remove the file to resume with a new log") from None
+    return lines
 
 
 class Reporter:

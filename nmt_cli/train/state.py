@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,30 @@ def progress_from_checkpoint(state: dict[str, Any], path: Path) -> Progress:
         )
     except (KeyError, TypeError, ValueError) as error:
         raise NmtError(f"{path} is not a training checkpoint (no resumable progress: {error!r})") from None
+
+
+@contextmanager
+def restoring(part: str, path: Path) -> Iterator[None]:
+    """Turn the failure to restore a checkpoint's `part` (a value of the wrong type or
+    shape, a missing entry) into one NmtError naming the file: the structure of the
+    optimizer and RNG states is torch's and Python's, checked by restoring them."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RuntimeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise NmtError(f"{path}: its {part} cannot be restored ({type(error).__name__}: {reason[:200]}); "
+                       "not a training checkpoint written by nmt train") from None
+
+
+def check_optimizer_state_fits(optimizer: torch.optim.Optimizer) -> None:
+    """ValueError unless every per-parameter tensor of a loaded optimizer state (Adam's
+    moments) has its parameter's shape: load_state_dict takes any, and the first step
+    would fail on them."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for name, value in optimizer.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != param.shape:
+                    raise ValueError(f"{name} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}")
 
 
 def capture_rng() -> dict[str, Any]:

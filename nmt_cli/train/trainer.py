@@ -19,12 +19,12 @@ import torch
 
 from nmt_cli.checkpoint import FORMAT_VERSION, check_state_dict_fits, load_checkpoint
 from nmt_cli.config import ModelConfig, TrainConfig
-from nmt_cli.data.batching import epoch_batches, filter_by_size, make_batches, rank_share
+from nmt_cli.data.batching import check_update_freq, epoch_batches, filter_by_size, make_batches, rank_share
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
-from nmt_cli.host_memory import keep_freed_memory
+from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.train import distributed
+from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.progress import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.run_history import check_same_data, data_fingerprint, recover_run_dir
@@ -36,7 +36,16 @@ from nmt_cli.train.saving import (
     prepare_run_dir,
     write_checkpoints,
 )
-from nmt_cli.train.state import Progress, capture_rng, check_compatible, progress_from_checkpoint, progress_to_checkpoint, restore_rng
+from nmt_cli.train.state import (
+    Progress,
+    capture_rng,
+    check_compatible,
+    check_optimizer_state_fits,
+    progress_from_checkpoint,
+    progress_to_checkpoint,
+    restore_rng,
+    restoring,
+)
 from nmt_cli.train.step import build_engine, evaluate, train_update
 from nmt_cli.train.window import Window
 
@@ -75,14 +84,28 @@ class Trainer:
         self.valid_split = None if cfg.disable_validation else self.data.split(cfg.valid_subset)
         self.save_dir = Path(cfg.save_dir)
         check_writable(self.save_dir)
+        # Rank 0 brings the run directory to a resumable state (a save finished, a stale best
+        # repaired, --reset-run carried out) before any rank reads its checkpoint; an error
+        # there stops every rank instead of leaving the others waiting.
+        recovery_error = None
         if dist.is_main:
-            recover_run_dir(self.save_dir, cfg, model_cfg, self.reporter.warning)
+            try:
+                recover_run_dir(self.save_dir, cfg, model_cfg, self.reporter.warning)
+            except NmtError as error:
+                if dist.world_size == 1:
+                    raise
+                recovery_error = str(error)
+        agreement.raise_if_any_failed(recovery_error, dist)
         self.data_fingerprint = data_fingerprint(self.data, self.train_split)
         if model_cfg.share_all_embeddings and self.data.src_dict != self.data.tgt_dict:
             # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
             raise NmtError(f"--share-all-embeddings needs one joined dictionary, but {cfg.data} has different "
                            "source and target dictionaries (preprocess with --joined-dictionary)")
-        resume = self._load_resume_state()
+        if cfg.reset_run:  # a fresh start on every rank, whatever a node-local --save-dir still holds
+            shared = agreement.ResumeState(None, "no checkpoint (--reset-run)")
+        else:
+            shared = agreement.resume_state(self.save_dir / LAST, dist, self._check_resumable)
+        resume = shared.state
         self.engine = build_engine(cfg, model_cfg, len(self.data.src_dict), len(self.data.tgt_dict), dist)
         self.progress = self._restore(resume)
         if dist.is_main:
@@ -91,7 +114,13 @@ class Trainer:
         if self.log.missing_records:
             self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
+        check_update_freq(cfg.update_freq, dist.world_size, len(self.batches))
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
+        release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
+        if dist.world_size > 1:
+            state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches,
+                                             agreement.shared_settings(cfg, model_cfg))
+            agreement.check_ranks_agree(state, shared.origin, dist)
         self.window = self._resume_window(resume)
         self.start_time = time.monotonic()
         self.start_updates = self.progress.num_updates
@@ -100,14 +129,9 @@ class Trainer:
 
     # --- setup ------------------------------------------------------------------------
 
-    def _load_resume_state(self) -> dict[str, Any] | None:
-        path = self.save_dir / LAST
-        if not path.exists() or self.cfg.reset_run:
-            return None
-        state = load_checkpoint(path)  # a corrupt file is an error, never a silent restart
+    def _check_resumable(self, state: dict[str, Any], path: Path) -> None:
         check_compatible(state, path, self.data, self.model_cfg)
         check_same_data(state, path, self.data_fingerprint, self.data.path)
-        return state
 
     def _warn_if_epoch_replanned(self, before: dict[str, Any], progress: Progress) -> None:
         """Resuming mid-epoch skips the batches already done; with other batching flags the
@@ -139,10 +163,13 @@ class Trainer:
             if cfg.reset_optimizer:
                 self.reporter.info("--reset-optimizer: fresh optimizer state (weights and progress resumed)")
             else:
-                engine.optimizer.load_state_dict(resume["optimizer"])
-                if engine.scaler is not None and resume.get("scaler"):
-                    engine.scaler.load_state_dict(resume["scaler"])
-            restore_rng(resume["rng"])
+                with restoring("optimizer state", self.save_dir / LAST):
+                    engine.optimizer.load_state_dict(resume["optimizer"])
+                    check_optimizer_state_fits(engine.optimizer)
+                    if engine.scaler is not None and resume.get("scaler"):
+                        engine.scaler.load_state_dict(resume["scaler"])
+            with restoring("random number generator states", self.save_dir / LAST):
+                restore_rng(resume["rng"])
             previous_cfg = resume.get("train_config") or {}
             self._warn_if_epoch_replanned(previous_cfg, progress)
             self._restart_best_if_metric_changed(previous_cfg, progress)
@@ -163,7 +190,8 @@ class Trainer:
         """The log window in progress when the checkpoint was written (empty for a fresh run)."""
         if resume is None or "log_window" not in resume:
             return Window.start(self.engine.device)
-        return Window.from_checkpoint(resume["log_window"], self.engine.device, self.dist.is_main)
+        with restoring("log window", self.save_dir / LAST):
+            return Window.from_checkpoint(resume["log_window"], self.engine.device, self.dist.is_main)
 
     def _plan(self, split: PairDataset, name: str, shuffle_seed: int) -> list[np.ndarray]:
         cfg = self.cfg

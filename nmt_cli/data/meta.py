@@ -1,0 +1,72 @@
+"""Reading a data-bin's (or run directory's) `meta.json`, checked field by field.
+
+Every reader of meta.json goes through `read_meta`: a field of the wrong type (a list
+where a language name belongs, a number for the BPE model's file name) is one error
+line naming the file and the field, never a traceback further on. The fields are those
+of docs/FORMATS.md; a field not listed there is kept as it is (newer files may add some).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.errors import NmtError
+
+NONE = type(None)
+# Top-level fields and the JSON types each may have (a bool is not a number).
+FIELDS: dict[str, tuple[type, ...]] = {
+    "format_version": (int,), "source_lang": (str,), "target_lang": (str,), "joined_dictionary": (bool,),
+    "tokenizer": (dict, NONE), "bpe": (dict, NONE), "dictionary_size": (dict,), "inputs": (dict,),
+    "counts": (dict,), "cleaning": (dict,), "versions": (dict,), "fingerprint": (str,), "created": (str,),
+    "imported_from": (dict,),
+}
+TOKENIZER_FIELDS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "lang": (str,), "normalize_punctuation": (bool,), "aggressive_dash_splits": (bool,),
+    "escape": (bool,),
+}
+BPE_FIELDS: dict[str, tuple[type, ...]] = {
+    "type": (str,), "model": (str,), "model_src": (str,), "model_tgt": (str,), "codes": (str,), "separator": (str,),
+}
+
+
+def read_meta(directory: str | Path) -> dict[str, Any]:
+    """The contents of `directory/meta.json`, or NmtError naming the file (and the field)."""
+    path = Path(directory) / "meta.json"
+    if not path.is_file():
+        raise NmtError(f"no meta.json in {directory} (not a data-bin directory written by `nmt preprocess`?)")
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise NmtError(f"{path} is not valid JSON ({error})") from None
+    except OSError as error:
+        raise NmtError(f"cannot read {path}: {error.strerror or error}") from None
+    if not isinstance(meta, dict):
+        raise NmtError(f"{path} does not hold a JSON object (it holds a {type(meta).__name__})")
+    _check_fields(meta, FIELDS, path, "")
+    for name, fields in (("tokenizer", TOKENIZER_FIELDS), ("bpe", BPE_FIELDS)):
+        if isinstance(meta.get(name), dict):
+            _check_fields(meta[name], fields, path, f"{name}.")
+    for name in ("source_lang", "target_lang"):
+        if name in meta and not meta[name]:
+            raise NmtError(f"{path}: field {name} is empty")
+    return meta
+
+
+def _check_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]], path: Path, prefix: str) -> None:
+    for name, allowed in fields.items():
+        if name in values and not _has_type(values[name], allowed):
+            expected = " or ".join("null" if t is NONE else _JSON_NAMES[t] for t in allowed)
+            shown = json.dumps(values[name])
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise NmtError(f"{path}: field {prefix}{name} is {shown}, not {expected}")
+
+
+_JSON_NAMES = {int: "an integer", str: "a string", bool: "true or false", dict: "an object", list: "a list"}
+
+
+def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in allowed
+    return isinstance(value, allowed)

@@ -1,0 +1,60 @@
+"""SIGTERM and SIGINT: every command stops with its worker processes, without a traceback.
+
+SIGTERM (what `kill`, systemd and batch schedulers send) is turned into `Terminated`,
+which unwinds the stack as Ctrl-C's KeyboardInterrupt does: with-blocks remove their
+temporary files and stop the worker processes, and the CLI ends with one line and exit
+status 143 (130 for Ctrl-C). Both are BaseExceptions, so that no `except Exception`
+takes them for an input error.
+
+Ctrl-C reaches every process of the terminal's process group; worker processes leave
+it to the main process, which stops them (see `workers_ignore_interrupts`).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_INTERRUPTED = 128 + signal.SIGINT
+
+
+class Terminated(BaseException):
+    """The process received SIGTERM."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextmanager
+def terminate_by_exception() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Terminated` (in the main thread; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def workers_ignore_interrupts() -> Iterator[None]:
+    """Processes started within the block ignore Ctrl-C from their first instruction on.
+
+    A spawned Python process whose SIGINT is ignored from the start installs no
+    KeyboardInterrupt handler, so a Ctrl-C while it starts up prints no traceback. The
+    main process ignores SIGINT too for the milliseconds the block lasts.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,218 @@
+"""`nmt train` on two loopback "nodes" (gloo, one process each), each with its own --save-dir.
+
+Only global rank 0 writes checkpoints, so node 1's directory stays empty: a restart must
+give node 1 rank 0's state. Checked against an uninterrupted two-process run (exact
+equality of the final weights and of the log), and the refusals of a rank whose own
+checkpoint differs from rank 0's and of a rank 0 that has none while another rank has one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from databin_utils import reversal_data_bin
+
+from nmt_cli.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+# One thread: exact reproducibility between processes, and no oversubscription on small CI machines.
+SUBPROCESS_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+MAX_UPDATE = 24
+ARGS = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
+        "--lr", "3e-3", "--warmup-updates", "20", "--log-interval", "2", "--dropout", "0.1",
+        "--save-interval-updates", "4", "--validate-interval", "0", "--validate-interval-updates", "8",
+        "--device", "cpu"]
+TIMEOUT = 240  # seconds for any launch: a hang fails the test instead of blocking the suite
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*launcher_args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *launcher_args]
+
+
+def train_command(data_bin: Path, save_dir: Path, max_update: int, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(save_dir), *ARGS,
+            "--max-update", str(max_update), *extra]
+
+
+@dataclass
+class Finished:
+    returncode: int
+    output: str
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below `pid` (Linux /proc): torchrun starts its workers in sessions of their own."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # ended meanwhile
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
+class TwoNodes:
+    """Two torchrun launchers, node ranks 0 and 1, rendezvous on 127.0.0.1."""
+
+    launches = 0
+
+    def __init__(self, tmp: Path, data_bin: Path, save_dirs: tuple[Path, Path], max_update: int = MAX_UPDATE,
+                 node1_extra: tuple[str, ...] = ()) -> None:
+        port = str(free_port())
+        TwoNodes.launches += 1
+        self.logs = [tmp / f"launch{TwoNodes.launches}-node{rank}.log" for rank in (0, 1)]
+        self.procs = []
+        for rank, save_dir in enumerate(save_dirs):
+            command = torchrun("--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+                               "--master-addr", "127.0.0.1", "--master-port", port,
+                               *train_command(data_bin, save_dir, max_update, node1_extra if rank else ()))
+            with open(self.logs[rank], "wb") as log:
+                self.procs.append(subprocess.Popen(command, env=SUBPROCESS_ENV, cwd=REPO, stdout=log,
+                                                   stderr=subprocess.STDOUT))
+
+    def kill(self) -> None:
+        """SIGKILL every process of both nodes, as when the machines lose power."""
+        pids = [pid for proc in self.procs for pid in (*descendants(proc.pid), proc.pid)]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            proc.wait(timeout=60)
+
+    def wait(self) -> list[Finished]:
+        deadline = time.monotonic() + TIMEOUT
+        try:
+            for proc in self.procs:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"two-node training did not finish in {TIMEOUT} s:\n{self.logs[0].read_text()[-3000:]}")
+        return [Finished(proc.returncode, log.read_text()) for proc, log in zip(self.procs, self.logs)]
+
+
+def log_records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+
+
+def comparable(record: dict) -> dict:
+    """A log record without the fields that depend on wall-clock time."""
+    return {k: v for k, v in record.items() if k not in ("wall", "tokens_per_s")}
+
+
+@pytest.fixture(scope="module")
+def data_bin(tmp_path_factory) -> Path:
+    return reversal_data_bin(tmp_path_factory.mktemp("data") / "bin", train=240, valid=30)
+
+
+@pytest.fixture(scope="module")
+def resumed_nodes(tmp_path_factory, data_bin: Path) -> tuple[Path, Path, int, list[Finished]]:
+    """Two nodes killed with SIGKILL mid-run and started again: (node 0 dir, node 1 dir,
+    the update they resumed at, the restart's outcome per node)."""
+    tmp = tmp_path_factory.mktemp("nodes")
+    node_dirs = (tmp / "node0", tmp / "node1")
+    nodes = TwoNodes(tmp, data_bin, node_dirs)
+    log = node_dirs[0] / "train_log.jsonl"
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and all(p.poll() is None for p in nodes.procs):
+        if log.is_file() and any(r.get("update", 0) >= 10 for r in log_records(node_dirs[0])):
+            break
+        time.sleep(0.05)
+    running = all(p.poll() is None for p in nodes.procs)
+    nodes.kill()
+    assert running, f"the run ended before it could be killed:\n{nodes.logs[0].read_text()[-3000:]}"
+    assert not (node_dirs[1] / "checkpoint_last.pt").exists()  # only global rank 0 writes
+    interrupted_at = load_checkpoint(node_dirs[0] / "checkpoint_last.pt")["num_updates"]
+    assert 4 <= interrupted_at < MAX_UPDATE
+    finished = TwoNodes(tmp, data_bin, node_dirs).wait()
+    return node_dirs[0], node_dirs[1], interrupted_at, finished
+
+
+def test_two_nodes_killed_and_restarted_equal_an_uninterrupted_run(tmp_path: Path, data_bin: Path, resumed_nodes) -> None:
+    node0, node1, interrupted_at, finished = resumed_nodes
+    for node in finished:
+        assert node.returncode == 0, node.output[-3000:]
+    assert f"resumed from {node0 / 'checkpoint_last.pt'} at update {interrupted_at}" in finished[0].output
+    assert not (node1 / "checkpoint_last.pt").exists()
+
+    straight = tmp_path / "straight"
+    command = torchrun("--nproc-per-node", "2", "--master-port", str(free_port()),
+                       *train_command(data_bin, straight, MAX_UPDATE))
+    proc = subprocess.run(command, env=SUBPROCESS_ENV, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [comparable(r) for r in log_records(node0)] == [comparable(r) for r in log_records(straight)]
+    resumed, uninterrupted = load_checkpoint(node0 / "checkpoint_last.pt"), load_checkpoint(straight / "checkpoint_last.pt")
+    assert resumed["num_updates"] == uninterrupted["num_updates"] == MAX_UPDATE
+    for (name, p), q in zip(resumed["model"].items(), uninterrupted["model"].values()):
+        assert torch.equal(p, q), name
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error: ")]
+
+
+def test_a_rank_with_a_stale_checkpoint_of_its_own_is_refused(tmp_path: Path, data_bin: Path, resumed_nodes) -> None:
+    node0_done, _, _, _ = resumed_nodes
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    shutil.copytree(node0_done, node0)
+    node1.mkdir()
+    older = min(node0.glob("checkpoint_*_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+    stale_update = load_checkpoint(older)["num_updates"]
+    shutil.copyfile(older, node1 / "checkpoint_last.pt")
+    before = (node0 / "checkpoint_last.pt").read_bytes()
+    finished = TwoNodes(tmp_path, data_bin, (node0, node1), max_update=MAX_UPDATE + 4).wait()
+    for node in finished:
+        assert node.returncode != 0, node.output[-3000:]
+        [line] = error_lines(node.output)
+        assert "rank(s) 1 disagree with rank 0 on the training state at start" in line, line
+        assert f"rank 0 (its own {node0 / 'checkpoint_last.pt'}): update {MAX_UPDATE}" in line, line
+        assert f"rank 1 (its own {node1 / 'checkpoint_last.pt'}): update {stale_update}" in line, line
+    assert (node0 / "checkpoint_last.pt").read_bytes() == before  # refused before any update
+
+
+def test_rank_0_without_a_checkpoint_while_another_rank_has_one_is_refused(tmp_path: Path, data_bin: Path,
+                                                                          resumed_nodes) -> None:
+    # The node ranks swapped between launches: the node holding the progress is now rank 1.
+    node0_done, _, _, _ = resumed_nodes
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    node0.mkdir()
+    shutil.copytree(node0_done, node1)
+    finished = TwoNodes(tmp_path, data_bin, (node0, node1), max_update=MAX_UPDATE + 4).wait()
+    for node in finished:
+        assert node.returncode != 0, node.output[-3000:]
+        [line] = error_lines(node.output)
+        assert f"rank 0 has no checkpoint_last.pt in its --save-dir but rank 1 (update {MAX_UPDATE}) has one" in line
+    assert not (node0 / "checkpoint_last.pt").exists()
+
+
+def test_a_node_launched_with_other_settings_is_refused(tmp_path: Path, data_bin: Path) -> None:
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    finished = TwoNodes(tmp_path, data_bin, (node0, node1), max_update=2, node1_extra=("--lr", "1e-3")).wait()
+    for node in finished:
+        assert node.returncode != 0, node.output[-3000:]
+        [line] = error_lines(node.output)
+        assert "rank(s) 1 disagree with rank 0 on the training state at start" in line, line
+        assert "rank 1 (no checkpoint): update 0" in line and "settings --lr 0.001 (rank 0: 0.003)" in line, line
+    assert not (node0 / "checkpoint_last.pt").exists()
