@@ -463,6 +463,53 @@ class PreprocessConfig:
             )
 
 
+@dataclass(frozen=True)
+class LearnBpeConfig:
+    """`nmt learn-bpe`: the BPE stage of `nmt preprocess` on its own."""
+
+    inputs: tuple[str, ...] = option(
+        "--input", multiple=True, required=True,
+        help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files; - for stdin.")
+    vocab_size: int = option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
+    model_prefix: str = option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
+    sample: int = option("--sample", default=DEFAULT_BPE_SAMPLE, show_default=True,
+                         help="Learn on at most this many sentences (a seeded random sample; 0: all).")
+    seed: int = option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
+
+    def __post_init__(self) -> None:
+        if self.sample < 0:
+            raise NmtError(f"--sample must be >= 0 (0: all sentences; got {self.sample})")
+        from nmt_cli.text.bpe import check_sentencepiece_sizes
+
+        check_sentencepiece_sizes(self.vocab_size, self.sample, "--vocab-size", "--sample")
+        check_seed(self.seed)
+
+
+@dataclass(frozen=True)
+class ApplyBpeConfig:
+    """`nmt apply-bpe`: segment text with a BPE model, or undo it."""
+
+    model: str = option("--model", required=True, help="sentencepiece model (e.g. data-bin/bpe.model).")
+    input_path: str = option("--input", default="-", show_default=True, help="Input text file; - for stdin.")
+    output_path: str = option("--output", default="-", show_default=True, help="Output text file; - for stdout.")
+    decode: bool = flag_option("--decode", help="Undo BPE: space-separated pieces in, tokenized text out.")
+
+
+@dataclass(frozen=True)
+class BinarizeConfig:
+    """`nmt binarize`: already-segmented text and an existing dictionary -> PREFIX.bin/.idx."""
+
+    dict_path: str = option("--dict", required=True, help="Dictionary (dict.LANG.txt of a data-bin/).")
+    input_path: str = option("--input", required=True, help="Segmented text (BPE pieces separated by spaces).")
+    output_prefix: str = option(
+        "--output-prefix", required=True,
+        help="Write PREFIX.bin and PREFIX.idx (e.g. data-bin/test1.en-de.en to add a test set).")
+    workers: int = option("--workers", default=1, show_default=True, help="Processes to binarize with.")
+
+    def __post_init__(self) -> None:
+        check_cpu_count("--workers", self.workers)
+
+
 # --- scoring (nmt score) ---------------------------------------------------------------
 
 SCORE_METRICS = ("bleu", "chrf", "ter")
