@@ -36,8 +36,8 @@ class Flag:
     multiple: bool = False
     is_flag: bool = False
     argument: bool = False  # a positional argument instead of an option
-    # What click passes when the flag is absent, where that is not the field's default:
-    # text that `to_value` turns into it, or None for a value the command resolves.
+    # What click passes when the flag is absent, where that is not the field's default: a
+    # value that `to_value` turns into it, or None for one the command resolves (translate's --device).
     cli_default: Any = SAME
     to_value: Callable[[Any], Any] | None = None  # click's value -> the field's value
 
@@ -87,7 +87,7 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
             params.append(click.argument(field.name, metavar=flag.metavar, type=_click_type(flag, field, False)))
             continue
         default = flag.cli_default if flag.cli_default is not SAME else field.default
-        if default is dataclasses.MISSING:  # a required flag, or one the command resolves
+        if default is dataclasses.MISSING:  # a field without a default: its flag is required
             default = None
         help_text = flag.help
         if overrides:
