@@ -392,7 +392,7 @@ def fairseq_peers(args: argparse.Namespace, argv: list[str]) -> dict[str, float 
     """fairseq, CTranslate2 (float32, int8) and nmt, all on one random-weight fairseq model."""
     import torch
 
-    from nmt_cli.models.packed import packed_unavailable_reason
+    from nmt_cli.models.fast.packed import packed_unavailable_reason
 
     if not peer_has("fairseq", "ctranslate2"):
         return {"fairseq": "skipped (run benchmarks/setup_peers.sh)"}

@@ -218,7 +218,7 @@ def nmt_precisions() -> list[str]:
     """float32 and int8; bf16 too where oneDNN has bf16 kernels (as decode_throughput.py)."""
     import torch
 
-    from nmt_cli.models.packed import packed_unavailable_reason
+    from nmt_cli.models.fast.packed import packed_unavailable_reason
 
     return ["fp32", "int8"] + (["bf16"] if packed_unavailable_reason(torch.bfloat16) is None else [])
 

@@ -46,7 +46,7 @@ from nmt_cli.data.indexed import IndexedDatasetBuilder
 from nmt_cli.data.pairs import PairDataset, collate, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory
-from nmt_cli.models import dropout as dropout_module
+from nmt_cli.models.fast.dropout import set_lane_mask_dropout
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
 from nmt_cli.models.size import training_matmul_flops
 from nmt_cli.train import loss as loss_module
@@ -165,9 +165,9 @@ def bench_nmt_without(args, model_cfg: ModelConfig, device: torch.device, work: 
 
 
 def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, work: Workload,
-              precision: str | None = None) -> Result:
+              precision: str | None = None, lane_mask_dropout: bool = True) -> Result:
     """nmt's training step; `precision`: nmt's own --precision in place of the peers'
-    (pure-bf16)."""
+    (pure-bf16); `lane_mask_dropout` False: F.dropout in the model that runs."""
     if device.type == "cpu":
         keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
     with tempfile.TemporaryDirectory() as save_dir:
@@ -175,6 +175,7 @@ def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, work: Workload
                           compile=args.compile, label_smoothing=0.1, warmup_updates=4000, lr=5e-4)
         dist = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
         engine = build_engine(cfg, model_cfg, work.src_vocab, work.tgt_vocab, dist)
+        set_lane_mask_dropout(engine.working_model, lane_mask_dropout)
 
         def step(i: int) -> None:
             batch = work.batches[i]
@@ -353,8 +354,8 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
             results.append(bench_nmt_without(args, model_cfg, device, work, "chunked loss",
                                              loss_module, "fused_kernels", lambda logits: None))
         if args.torch_dropout:  # F.dropout in place of the CPU's lane masks
-            results.append(bench_nmt_without(args, model_cfg, device, work, "torch dropout",
-                                             dropout_module, "draws_lane_masks", lambda x: False))
+            result = bench_nmt(args, model_cfg, device, work, lane_mask_dropout=False)
+            results.append(Result(f"{result.name} (torch dropout)", result.tokens_per_s, result.peak_mem_gib))
         if args.pure_bf16:
             results.append(bench_nmt(args, model_cfg, device, work, precision="pure-bf16"))
     positions = work.longest() + 1  # the baselines' position tables; targets are fed with a leading </s>

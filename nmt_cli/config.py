@@ -218,7 +218,7 @@ OUTPUT_FORMATS = ("text", "bpe", "jsonl")
 PRECISIONS = ("fp32", "bf16", "fp16")
 # Training only: the model itself in bf16, float32 master weights (nmt_cli/train/master_weights.py).
 TRAIN_PRECISIONS = PRECISIONS + ("pure-bf16",)
-# Translation only, on a CPU: 8-bit integer linear layers (nmt_cli/models/int8.py).
+# Translation only, on a CPU: 8-bit integer linear layers (nmt_cli/models/fast/int8.py).
 TRANSLATE_PRECISIONS = PRECISIONS + ("int8",)
 ERROR_POLICIES = ("strict", "replace")
 DEFAULT_BUFFER_SIZE = 2000

@@ -42,8 +42,9 @@ class PaperSettings:
     warmup_updates: int
     label_smoothing: float
     # Padded tokens per update (--max-tokens x --update-freq x processes, counted as nmt
-    # and fairseq cut batches: sentences x the longer side). fairseq's 8 GPUs x 3584
-    # holds about 25k source + 25k target tokens without padding, the paper's batch.
+    # and fairseq cut batches: sentences x the longer side). fairseq's 8 GPUs x 3584 is its
+    # reading of the paper's ~25k source + 25k target tokens (Ott et al., 2018); without
+    # padding it holds nearer 20k a side on newstest's lengths (TARGET_FILL).
     tokens_per_update: int
     max_update: int
     # The paper saved every 10 minutes: 1,500 updates of base (0.4 s each on 8 P100s),
@@ -96,11 +97,12 @@ class ArchSize:
 ARCH_SIZES = {"transformer_base": ArchSize(512, 2048, 6), "transformer_big": ArchSize(1024, 4096, 6),
               "transformer_tiny": ArchSize(32, 64, 2)}
 # Target tokens/s of nmt train on one H200 (bf16, 512 x 32-token batches, eager):
-# benchmarks/README.md, "GPU results of these scripts (2026-11-30)".
+# benchmarks/README.md, "Latest figures" (the GPU training row, 2026-11-30).
 H200_TARGET_TOKENS_PER_S = {"transformer_base": 498_468, "transformer_big": 248_347}
 # Real batches (lengths, padding, a new shape almost every update) against fixed shapes:
-# 0.58 to 1.0 of the fixed-shape rate in benchmarks/README.md's "Real batches" (CPU, bf16
-# 5,435 against 1.94 x float32's fixed rate; float32 4,851 against 4,866).
+# 0.58 to 1.0 of the fixed-shape rate in benchmarks/README.md's "Latest figures" (the CPU
+# rows on Multi30k's batches: bf16 5,435 against 1.94 x float32's fixed rate; float32
+# 4,851 against 4,866).
 REAL_BATCH_FACTOR = (0.58, 1.0)
 # The paper's own times on 8 P100s (section 5.2): 0.4 s per base update, 1.0 s per big one.
 P100X8_SECONDS_PER_UPDATE = {"transformer_base": 0.4, "transformer_big": 1.0}
@@ -529,7 +531,8 @@ def plan_text(r: Recipe, dry_run: bool) -> str:
     verdict = "within" if b.within_tolerance else "NOT within"
     lines.append(f"tokens per update: {w.processes} x {b.max_tokens} (--max-tokens) x {b.update_freq} (--update-freq)"
                  f" = {b.tokens_per_update:,} padded tokens; target {b.target:,}"
-                 + (" (the paper's ~25k source + 25k target)" if b.target == PAPER_BATCH else "")
+                 + (" (fairseq's 8 x 3584, its reading of the paper's ~25k source + 25k target)"
+                    if b.target == PAPER_BATCH else "")
                  + f": {b.deviation:+.2%}, {verdict} 10%")
     if not b.within_tolerance:
         lines.append(f"  WARNING: this batch is not the paper's; set MAX_TOKENS/UPDATE_FREQ "

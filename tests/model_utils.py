@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from nmt_cli.models.fast.options import DecodingOptions
 from nmt_cli.models.registry import build_model, resolve_config
 
 PAD, EOS = 1, 2
@@ -12,11 +13,11 @@ SRC_V, TGT_V = 23, 29
 
 
 def tiny_model(seed: int = 0, src_v: int = SRC_V, tgt_v: int = TGT_V, dtype: torch.dtype = torch.float64,
-               **overrides) -> nn.Module:
-    """transformer_tiny with `overrides`, dropout off, in eval mode."""
+               decoding: DecodingOptions = DecodingOptions(), **overrides) -> nn.Module:
+    """transformer_tiny with `overrides`, dropout off, in eval mode, decoding with `decoding`."""
     torch.manual_seed(seed)
     cfg = resolve_config("transformer_tiny", {"dropout": 0.0, **overrides})
-    return build_model(cfg, src_v, tgt_v).to(dtype).eval()
+    return build_model(cfg, src_v, tgt_v, decoding=decoding).to(dtype).eval()
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -41,3 +42,15 @@ def source_batch(lengths: list[int], vocab: int, seed: int = 21) -> torch.Tensor
     for row, length in enumerate(lengths):
         tokens[row, length - 1] = EOS
     return tokens
+
+
+def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
+    """`model` with a bias towards `</s>` in its last hidden states, so that hypotheses end
+    at many different lengths (a random tiny model mostly runs to its maximum length)."""
+    decoder = model.decoder
+    norm = decoder.layer_norm if decoder.layer_norm is not None else decoder.layers[-1].final_layer_norm
+    bias = torch.randn(norm.bias.shape, generator=torch.Generator().manual_seed(3), dtype=norm.bias.dtype) * 0.5
+    with torch.no_grad():
+        norm.bias.copy_(bias)
+        decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
+    return model

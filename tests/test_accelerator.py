@@ -85,7 +85,7 @@ def teacher_forced_log_probs(model: torch.nn.Module, src: torch.Tensor, prev: to
 def decode_all_steps(model, src: torch.Tensor, prev: torch.Tensor, beams: int) -> torch.Tensor:
     """Incremental decoding of `prev`, each sentence's row repeated for `beams` beams:
     (B * beams, T, V) float32 log-probs."""
-    encoder_out, cache = model.encode(src), {}
+    encoder_out, cache = model.encode(src), model.new_cache()
     rows = prev.repeat_interleave(beams, dim=0)
     # A graphed step returns the graph's own output memory, which the next replay overwrites.
     steps = [model.decode_step(rows[:, : t + 1], encoder_out, cache).clone() for t in range(rows.size(1))]

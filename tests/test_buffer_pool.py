@@ -9,7 +9,7 @@ import pickle
 import torch
 from model_utils import EOS, SRC_V, TGT_V, padded_batch, tiny_model
 
-from nmt_cli.models.buffer_pool import MAX_BUFFERS, BufferPool
+from nmt_cli.models.fast.buffer_pool import MAX_BUFFERS, BufferPool
 
 
 def kept_bytes(pool: BufferPool) -> int:
@@ -60,7 +60,7 @@ def test_copies_and_pickles_of_a_pool_start_empty() -> None:
 
 
 def decode(model, src: torch.Tensor, prev: torch.Tensor) -> list[torch.Tensor]:
-    encoder_out, cache = model.encode(src), {}
+    encoder_out, cache = model.encode(src), model.new_cache()
     return [model.decode_step(prev[:, : t + 1], encoder_out, cache) for t in range(prev.size(1))]
 
 
@@ -82,8 +82,8 @@ def test_two_searches_at_once_on_one_model_keep_their_own_caches() -> None:
     src_a, prev_a = padded_batch(27, [5, 5], SRC_V), padded_batch(28, [6, 6], TGT_V, bos=EOS)
     src_b, prev_b = padded_batch(29, [3, 4, 2], SRC_V), padded_batch(30, [6, 6, 6], TGT_V, bos=EOS)
     want_a, want_b = decode(model, src_a, prev_a), decode(model, src_b, prev_b)
-    out_a, cache_a = model.encode(src_a), {}
-    out_b, cache_b = model.encode(src_b), {}
+    out_a, cache_a = model.encode(src_a), model.new_cache()
+    out_b, cache_b = model.encode(src_b), model.new_cache()
     for t in range(prev_a.size(1)):  # steps taken in turn
         got_a = model.decode_step(prev_a[:, : t + 1], out_a, cache_a)
         got_b = model.decode_step(prev_b[:, : t + 1], out_b, cache_b)
@@ -99,7 +99,7 @@ def test_buffers_first_used_under_inference_mode_serve_caches_outside_it_and_bac
     want = decode(model, src, prev)
 
     def decode_with_a_sentence_leaving() -> list[torch.Tensor]:
-        encoder_out, cache, rows, got = model.encode(src), {}, prev, []
+        encoder_out, cache, rows, got = model.encode(src), model.new_cache(), prev, []
         for t in range(rows.size(1)):
             if t == 3:  # the cache moves into a new buffer
                 keep = torch.tensor([0, 2])

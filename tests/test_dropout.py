@@ -1,4 +1,4 @@
-"""Dropout with 16-bit random lanes (nmt_cli/models/dropout.py) against the definition of
+"""Dropout with 16-bit random lanes (nmt_cli/models/fast/dropout.py) against the definition of
 dropout: each element independently zeroed with probability p, the rest scaled so the
 expectation is unchanged; the gradient through the same mask; F.dropout where it is used."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt_cli.models.dropout import LANES, maybe_dropout
+from nmt_cli.models.fast.dropout import LANES, maybe_dropout
 
 N = 1 << 20  # elements per statistical check
 

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 import torch
-from model_utils import EOS, SRC_V, TGT_V, padded_batch, source_batch, tiny_model
+from model_utils import EOS, SRC_V, TGT_V, eos_prone, padded_batch, source_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.ensemble import Ensemble
@@ -19,26 +19,14 @@ from nmt_cli.decode.fixed_search import FixedSearch, Workspace, _whole_step, bat
 from nmt_cli.decode.graphs import GraphedCall, GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.search import BeamState, generate
 from nmt_cli.errors import NmtError
-from nmt_cli.models import transformer as transformer_module
-from nmt_cli.models.packed import pack_linears, packed_unavailable_reason
+from nmt_cli.models.fast.options import DecodingOptions
+from nmt_cli.models.fast.packed import pack_linears, packed_unavailable_reason
 
 VARIANTS = [
     pytest.param({}, id="post-norm"),
     pytest.param({"normalize_before": True, "learned_pos": True}, id="pre-norm-learned-pos"),
     pytest.param({"share_all_embeddings": True, "scale_embedding": False}, id="share-all"),
 ]
-
-
-def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
-    """`model` with a bias towards `</s>` in its last hidden states, so that hypotheses end
-    at many different lengths (a random tiny model mostly runs to its maximum length)."""
-    decoder = model.decoder
-    norm = decoder.layer_norm if decoder.layer_norm is not None else decoder.layers[-1].final_layer_norm
-    bias = torch.randn(norm.bias.shape, generator=torch.Generator().manual_seed(3), dtype=norm.bias.dtype) * 0.5
-    with torch.no_grad():
-        norm.bias.copy_(bias)
-        decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
-    return model
 
 
 def generate_fixed(decoder: GraphedTransformer, src_tokens: torch.Tensor, cfg: DecodeConfig,
@@ -48,16 +36,15 @@ def generate_fixed(decoder: GraphedTransformer, src_tokens: torch.Tensor, cfg: D
 
 
 @pytest.mark.parametrize("overrides", VARIANTS)
-def test_fixed_steps_equal_cached_steps_through_reorders_drops_and_growth(overrides, monkeypatch) -> None:
-    # A first capacity of 4 makes the cache double twice within 12 steps.
-    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 4)
+def test_fixed_steps_equal_cached_steps_through_reorders_drops_and_growth(overrides) -> None:
     vocab = TGT_V if overrides.get("share_all_embeddings") else SRC_V
-    model = tiny_model(5, vocab, TGT_V, **overrides)
+    # A first capacity of 4 makes the cache double twice within 12 steps.
+    model = tiny_model(5, vocab, TGT_V, decoding=DecodingOptions(initial_capacity=4), **overrides)
     fixed = GraphedTransformer(model, use_graphs=False)
     src = source_batch([6, 3, 5], vocab)
     prev = padded_batch(8, [12] * 6, TGT_V, bos=EOS)  # two rows (beams) per sentence
-    plain_out, plain = model.encode(src), {}
-    fixed_out, cache = fixed.encode(src), {}
+    plain_out, plain = model.encode(src), model.new_cache()
+    fixed_out, cache = fixed.encode(src), fixed.new_cache()
     for t in range(prev.size(1)):
         if t == 3:  # beams swap within their sentences
             index, sentences = torch.tensor([1, 0, 2, 2, 5, 4]), None
@@ -78,23 +65,23 @@ def test_fixed_steps_equal_cached_steps_through_reorders_drops_and_growth(overri
         got = fixed.decode_step(prev[:, : t + 1], fixed_out, cache)
         assert got.shape == (prev.size(0), TGT_V) and got.dtype == torch.float32
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-        assert cache["length"] == t + 1
-    assert cache["self_kv"].size(1) == 16  # grew 4 -> 8 -> 16
+        assert cache.model.length == t + 1
+    assert cache.model.self_attn.capacity == 16  # grew 4 -> 8 -> 16
     # Only the steps for the current shape are kept: one per buffer, the two that alternate.
-    assert len(cache["fixed_steps"]) == 2
+    assert len(cache.steps) == 2
 
 
 def test_a_forced_prefix_runs_as_an_ordinary_step() -> None:
     model = tiny_model(6)
     fixed = GraphedTransformer(model, use_graphs=False)
     src, prev = source_batch([4, 6], SRC_V), padded_batch(9, [6, 6], TGT_V, bos=EOS)
-    plain_out, plain = model.encode(src), {}
-    fixed_out, cache = fixed.encode(src), {}
+    plain_out, plain = model.encode(src), model.new_cache()
+    fixed_out, cache = fixed.encode(src), fixed.new_cache()
     for end in (3, 4, 5, 6):  # a 3-token prefix, then one token at a time
         want = model.decode_step(prev[:, :end], plain_out, plain)
         got = fixed.decode_step(prev[:, :end], fixed_out, cache)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-    assert len(cache["fixed_steps"]) == 1  # the one-token steps ran fixed (one buffer: no reorders)
+    assert len(cache.steps) == 1  # the one-token steps ran fixed (one buffer: no reorders)
 
 
 @pytest.mark.parametrize("lagged_sync", [False, True])
@@ -134,11 +121,11 @@ def test_fixed_step_needs_no_tensor_values_on_the_host(overrides) -> None:
     the step also takes the device branches (attention and output projection) a GPU takes."""
     vocab = TGT_V if overrides.get("share_all_embeddings") else SRC_V
     model = tiny_model(10, vocab, TGT_V, dtype=torch.float32, **overrides)
-    cache: dict = {}
+    cache = model.new_cache()
     with torch.no_grad():
         model.start_cache(model.encode(source_batch([5, 3], vocab)), 6, cache, zeroed=True)
     model.prepare_static_step(cache)
-    buffers = [cache[name].to("meta") for name in ("self_kv", "cross_kv", "cross_mask")]
+    buffers = [t.to("meta") for t in (cache.self_attn.kv, cache.cross.kv, cache.cross.mask)]
     new_tokens = torch.zeros(6, 1, dtype=torch.long, device="meta")
     index = torch.zeros((), dtype=torch.long, device="meta")
     with torch.no_grad():
@@ -233,7 +220,8 @@ def test_whole_fixed_step_needs_no_tensor_values_on_the_host() -> None:
     model = tiny_model(15, dtype=torch.float32)
     K, max_len = 3, torch.tensor([4, 7])
     with torch.no_grad():
-        cross_kv, cross_mask = model.cross_attention_state(model.encode(source_batch([5, 3], SRC_V)))
+        cross = model.cross_attention_state(model.encode(source_batch([5, 3], SRC_V)))
+    cross_kv, cross_mask = cross.kv, cross.mask
     state = BeamState.start(max_len, K, 10)
     state = BeamState(*(t.to("meta") for t in dataclasses.astuple(state)))
     position = torch.zeros((), dtype=torch.long, device="meta")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from nmt_cli.errors import NmtError
-from nmt_cli.models import int8
-from nmt_cli.models.int8 import Int8Linear, int8_unavailable_reason, quantize_linears, quantize_rows
+from nmt_cli.models.fast import int8
+from nmt_cli.models.fast.int8 import Int8Linear, int8_unavailable_reason, quantize_linears, quantize_rows
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 
 pytestmark = pytest.mark.skipif(int8_unavailable_reason() is not None, reason=str(int8_unavailable_reason()))

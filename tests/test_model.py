@@ -28,8 +28,10 @@ from nmt_cli.errors import NmtError
 from nmt_cli.models import layers as layers_module
 from nmt_cli.models import registry as registry_module
 from nmt_cli.models import size as size_module
-from nmt_cli.models import transformer as transformer_module
-from nmt_cli.models.transformer import vocabulary_logits
+from nmt_cli.models.decoding_state import DecoderCache, RowMajorKV
+from nmt_cli.models.fast.beam_slots import BeamSlotKV
+from nmt_cli.models.fast.logits import vocabulary_logits
+from nmt_cli.models.fast.options import DecodingOptions
 from nmt_cli.models.layers import CrossAttention, DecoderLayer, EncoderLayer, SelfAttention, make_positions
 from nmt_cli.models.layers import few_query_attention, sinusoidal_table
 from nmt_cli.models.registry import ARCHITECTURES, build_model, resolve_config
@@ -63,20 +65,19 @@ def non_pad_close(a: torch.Tensor, b: torch.Tensor, tokens: torch.Tensor, atol: 
 def test_decode_step_matches_teacher_forcing(overrides: dict) -> None:
     model = tiny_model(3, *vocab_sizes(overrides), **overrides)
     expected = torch.log_softmax(model(SRC, PREV), dim=-1)  # (B, T, V)
-    encoder_out, cache = model.encode(SRC), {}
+    encoder_out, cache = model.encode(SRC), model.new_cache()
     steps = [model.decode_step(PREV[:, : t + 1], encoder_out, cache) for t in range(PREV.size(1))]
     got = torch.stack(steps, dim=1)
     assert got.dtype == torch.float32 and got.shape == expected.shape
     non_pad_close(got.double(), expected, PREV, atol=1e-5)
 
 
-def test_decode_step_with_forced_prefix_and_multi_token_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_step_with_forced_prefix_and_multi_token_steps() -> None:
     # A tiny first capacity makes the cache grow (by doubling) several times.
-    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
-    model = tiny_model(4)
+    model = tiny_model(4, decoding=DecodingOptions(initial_capacity=2))
     prev = padded_batch(5, [9, 9, 9, 9], TGT_V, bos=EOS)
     expected = torch.log_softmax(model(SRC, prev), dim=-1)
-    encoder_out, cache = model.encode(SRC), {}
+    encoder_out, cache = model.encode(SRC), model.new_cache()
     got = {}
     for end in (3, 4, 7, 9):  # a 3-token prefix, then 1, 3 and 2 tokens at once
         got[end - 1] = model.decode_step(prev[:, :end], encoder_out, cache)
@@ -87,7 +88,7 @@ def test_decode_step_with_forced_prefix_and_multi_token_steps(monkeypatch: pytes
 def test_reorder_cache_matches_decoding_reordered_batch() -> None:
     model = tiny_model(6, normalize_before=True)
     src, prev = SRC, padded_batch(7, [6, 6, 6, 6], TGT_V, bos=EOS)
-    encoder_out, cache = model.encode(src), {}
+    encoder_out, cache = model.encode(src), model.new_cache()
     for t in range(3):
         model.decode_step(prev[:, : t + 1], encoder_out, cache)
     index = torch.tensor([2, 0, 0, 3, 1])  # reorder, duplicate (as beams do) and grow
@@ -96,7 +97,7 @@ def test_reorder_cache_matches_decoding_reordered_batch() -> None:
     prev = prev[index]
     got = [model.decode_step(prev[:, : t + 1], encoder_out, cache) for t in range(3, 6)]
 
-    fresh_out, fresh_cache = model.encode(src[index]), {}
+    fresh_out, fresh_cache = model.encode(src[index]), model.new_cache()
     want = [model.decode_step(prev[:, : t + 1], fresh_out, fresh_cache) for t in range(6)][3:]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
@@ -111,8 +112,8 @@ def test_beams_sharing_their_sentence_equal_one_row_per_sentence() -> None:
     model = tiny_model(9)
     beams = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])  # two beams per source sentence
     prev = padded_batch(12, [5, 5, 5, 5, 5, 5, 5, 5], TGT_V, bos=EOS)
-    shared_out, shared = model.encode(SRC), {}
-    copied_out, copied = model.encode(SRC[beams]), {}
+    shared_out, shared = model.encode(SRC), model.new_cache()
+    copied_out, copied = model.encode(SRC[beams]), model.new_cache()
     steps = {2: ([1, 1, 2, 3, 5, 4, 7, 7], None), 3: ([0, 1, 4, 4, 7, 6], [0, 2, 3])}
     for t in range(prev.size(1)):
         if t in steps:
@@ -126,14 +127,13 @@ def test_beams_sharing_their_sentence_equal_one_row_per_sentence() -> None:
         got = model.decode_step(prev[:, : t + 1], shared_out, shared)
         want = model.decode_step(prev[:, : t + 1], copied_out, copied)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-    assert shared["cross_kv"].size(2) == 3 and copied["cross_kv"].size(2) == 6  # stored per sentence
+    assert shared.cross.kv.size(2) == 3 and copied.cross.kv.size(2) == 6  # stored per sentence
 
 
-def test_beam_cache_equals_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU's float32 cache, which reordering leaves in place (BeamCache), gives the
+def test_beam_cache_equals_the_row_cache() -> None:
+    """A CPU's float32 cache, which reordering leaves in place (BeamSlotKV), gives the
     row-major cache's log-probs: a forced prefix, beams reordered and duplicated within
     their sentences, a sentence leaving, the capacity doubling."""
-    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
     model = tiny_model(13)
     K = 3
     prev = padded_batch(14, [9] * (4 * K), TGT_V, bos=EOS)
@@ -141,15 +141,15 @@ def test_beam_cache_equals_the_row_cache(monkeypatch: pytest.MonkeyPatch) -> Non
              8: ([2, 1, 0, 3, 3, 3, 6, 8, 7], None)}
     caches, outs = {}, {}
     for beam_layout in (True, False):
-        monkeypatch.setattr(transformer_module, "BEAM_CACHE_ON_CPU", beam_layout)
-        caches[beam_layout] = {}
+        model.decoding = DecodingOptions(initial_capacity=2, beam_slot_cache=beam_layout)
+        caches[beam_layout] = model.new_cache()
         outs[beam_layout] = decode_with_reorders(model, prev, 3, steps, caches[beam_layout])  # a 3-token prefix
-    assert "beam_kv" in caches[True] and "self_kv" in caches[False]
+    assert isinstance(caches[True].self_attn, BeamSlotKV) and isinstance(caches[False].self_attn, RowMajorKV)
     for (_, a), (_, b) in zip(outs[True].values(), outs[False].values()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
-def decode_with_reorders(model: nn.Module, prev: torch.Tensor, prefix: int, steps: dict, cache: dict) -> dict:
+def decode_with_reorders(model: nn.Module, prev: torch.Tensor, prefix: int, steps: dict, cache: DecoderCache) -> dict:
     """Decode prev (rows of SRC's sentences, K each) from a `prefix`-token first step on,
     reordering before step t as steps[t] = (row index, kept sentences or None) says.
     -> {t: (rows of prev that the step's rows continue, log-probs)}."""
@@ -171,7 +171,7 @@ def count_decoded_rows(monkeypatch: pytest.MonkeyPatch, model: nn.Module) -> lis
     rows: list[int] = []
     forward_cached = model.decoder.forward_cached
     monkeypatch.setattr(model.decoder, "forward_cached",
-                        lambda tokens, cache: rows.append(tokens.size(0)) or forward_cached(tokens, cache))
+                        lambda x, *rest: rows.append(x.size(0)) or forward_cached(x, *rest))
     return rows
 
 
@@ -182,19 +182,17 @@ def test_a_first_step_whose_beams_agree_runs_once_per_sentence(monkeypatch: pyte
     """When the K rows of every sentence start alike (as beams do), the first step runs
     one row per sentence and copies it: the log-probs are still teacher forcing's,
     through beams that then part, are reordered and leave."""
-    monkeypatch.setattr(transformer_module, "BEAM_CACHE_ON_CPU", beam_layout)
-    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
-    model = tiny_model(15)
+    model = tiny_model(15, decoding=DecodingOptions(initial_capacity=2, beam_slot_cache=beam_layout))
     K = 3
     first = padded_batch(16, [prefix] * 4, TGT_V, bos=EOS).repeat_interleave(K, dim=0)  # (4K, prefix)
     prev = torch.cat([first, padded_batch(17, [5] * (4 * K), TGT_V)], dim=1)  # rows part after the prefix
     sentences = torch.arange(4).repeat_interleave(K)
     decoded_rows = count_decoded_rows(monkeypatch, model)
     steps = {prefix + 1: ([2, 2, 0, 3, 5, 4, 8, 6, 7, 11, 11, 9], None), prefix + 3: ([1, 0, 0, 9, 11, 10], [0, 3])}
-    cache: dict = {}
+    cache = model.new_cache()
     got = decode_with_reorders(model, prev, prefix, steps, cache)
     assert decoded_rows[0] == 4 and decoded_rows[1] == 4 * K  # one row per sentence, then every row
-    assert ("beam_kv" in cache) == beam_layout
+    assert isinstance(cache.self_attn, BeamSlotKV) == beam_layout
 
     for t, (rows, log_probs) in got.items():  # each row of a step continues the history of prev[rows]
         want = torch.log_softmax(model(SRC[sentences[rows]], prev[rows, : t + 1]), dim=-1)[:, t]
@@ -206,7 +204,7 @@ def test_rows_that_differ_within_a_sentence_are_all_decoded(monkeypatch: pytest.
     prev = torch.full((8, 1), EOS)
     prev[5, 0] = 7  # one row of the third sentence differs
     decoded_rows = count_decoded_rows(monkeypatch, model)
-    got = model.decode_step(prev, model.encode(SRC), {})
+    got = model.decode_step(prev, model.encode(SRC), model.new_cache())
     assert decoded_rows == [8]
     want = torch.log_softmax(model(SRC.repeat_interleave(2, dim=0), prev), dim=-1)[:, 0]
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
@@ -218,7 +216,7 @@ def test_done_sentences_on_a_cpu_leave_in_groups_with_the_hypotheses_of_leaving_
     batch is done (each departure copies the whole cache): fewer, larger departures,
     the same hypotheses."""
     model = tiny_model(15)
-    assert model.sentence_drop_fraction == transformer_module.CPU_SENTENCE_DROP_FRACTION == 0.25
+    assert model.sentence_drop_fraction == DecodingOptions().sentence_drop_fraction == 0.25
     lengths = list(range(2, 14))  # each sentence may run to its own length
     src = source_batch(lengths, SRC_V, seed=16)
     cfg = DecodeConfig(beam=3, nbest=3, max_len_a=1.0, max_len_b=0)
@@ -227,7 +225,7 @@ def test_done_sentences_on_a_cpu_leave_in_groups_with_the_hypotheses_of_leaving_
     monkeypatch.setattr(model, "decode_step", lambda prev, *rest: rows_per_step.append(prev.size(0)) or real_step(prev, *rest))
     got, rows = {}, {}
     for fraction in (0.25, 0.0):
-        monkeypatch.setattr(transformer_module, "CPU_SENTENCE_DROP_FRACTION", fraction)
+        model.decoding = DecodingOptions(sentence_drop_fraction=fraction)
         rows_per_step.clear()
         got[fraction] = generate(model, src, cfg, max_target_positions=1024)
         rows[fraction] = list(rows_per_step)
@@ -241,9 +239,9 @@ def test_done_sentences_on_a_cpu_leave_in_groups_with_the_hypotheses_of_leaving_
 def test_decode_step_needs_the_same_number_of_rows_per_sentence() -> None:
     model = tiny_model(9)
     with pytest.raises(ValueError, match="5 target rows for 4 sentences"):
-        model.decode_step(PREV[[0, 1, 2, 3, 3], :1], model.encode(SRC), {})
+        model.decode_step(PREV[[0, 1, 2, 3, 3], :1], model.encode(SRC), model.new_cache())
     with pytest.raises(ValueError, match="9 target rows for 4 sentences"):  # rows alike, but not K each
-        model.decode_step(torch.full((9, 1), EOS), model.encode(SRC), {})
+        model.decode_step(torch.full((9, 1), EOS), model.encode(SRC), model.new_cache())
 
 
 @pytest.mark.parametrize("keys_transposed", [False, True])
@@ -290,7 +288,7 @@ def test_sequence_attention_takes_the_math_kernel_only_for_low_precision_gradien
 
 def test_reorder_cache_can_drop_rows() -> None:
     model = tiny_model(8)
-    encoder_out, cache = model.encode(SRC), {}
+    encoder_out, cache = model.encode(SRC), model.new_cache()
     model.decode_step(PREV[:, :1], encoder_out, cache)
     keep = torch.tensor([3, 1])
     model.reorder_cache(cache, keep, sentence_index=keep)
@@ -299,15 +297,14 @@ def test_reorder_cache_can_drop_rows() -> None:
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
 
 
-def test_repeated_reorders_follow_the_composed_reordering(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_repeated_reorders_follow_the_composed_reordering() -> None:
     """Reorders at many steps (the cache swaps buffers each time), with rows dropped and
     duplicated and the cache growing in between, equal teacher forcing on the rows kept."""
-    monkeypatch.setattr(transformer_module, "INITIAL_CACHE_CAPACITY", 2)
-    model = tiny_model(10)
+    model = tiny_model(10, decoding=DecodingOptions(initial_capacity=2))
     prev = padded_batch(11, [8, 8, 8, 8], TGT_V, bos=EOS)
     reorders = {1: [1, 0, 3, 2], 2: [0, 0, 2, 3], 3: [3, 1], 5: [1, 0], 6: [0, 0, 1]}
     rows = torch.arange(SRC.size(0))
-    encoder_out, cache = model.encode(SRC), {}
+    encoder_out, cache = model.encode(SRC), model.new_cache()
     for t in range(prev.size(1)):
         if t in reorders:
             index = torch.tensor(reorders[t])
@@ -564,7 +561,7 @@ def test_sinusoids_extend_beyond_max_positions() -> None:
     long_src = padded_batch(18, [12, 9], SRC_V)
     long_prev = padded_batch(19, [11, 11], TGT_V, bos=EOS)
     expected = torch.log_softmax(model(long_src, long_prev), dim=-1)
-    encoder_out, cache = model.encode(long_src), {}
+    encoder_out, cache = model.encode(long_src), model.new_cache()
     for t in range(11):
         got = model.decode_step(long_prev[:, : t + 1], encoder_out, cache)
         torch.testing.assert_close(got.double(), expected[:, t], atol=1e-5, rtol=0)

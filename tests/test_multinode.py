@@ -216,3 +216,21 @@ def test_a_node_launched_with_other_settings_is_refused(tmp_path: Path, data_bin
         assert "rank(s) 1 disagree with rank 0 on the training state at start" in line, line
         assert "rank 1 (no checkpoint): update 0" in line and "settings --lr 0.001 (rank 0: 0.003)" in line, line
     assert not (node0 / "checkpoint_last.pt").exists()
+
+
+def test_rank_0_refusing_its_run_directory_stops_every_rank(tmp_path: Path, data_bin: Path, resumed_nodes) -> None:
+    # Rank 0 checks its --save-dir before any rank reads a checkpoint: an earlier run without
+    # checkpoint_last.pt is refused there, and the other node stops with the same line
+    # instead of waiting for rank 0 in a later collective.
+    node0_done, _, _, _ = resumed_nodes
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    shutil.copytree(node0_done, node0)
+    (node0 / "checkpoint_last.pt").unlink()
+    node1.mkdir()
+    finished = TwoNodes(tmp_path, data_bin, (node0, node1), max_update=MAX_UPDATE + 4).wait()
+    for node in finished:
+        assert node.returncode != 0, node.output[-3000:]
+        [line] = error_lines(node.output)
+        assert f"rank 0: --save-dir {node0} holds an earlier run" in line, line
+        assert "--reset-run" in line, line
+    assert not (node0 / "checkpoint_last.pt").exists()

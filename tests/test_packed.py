@@ -15,7 +15,7 @@ from torch import nn
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.search import generate
-from nmt_cli.models.packed import PackedLinear, pack_linears, packed_unavailable_reason
+from nmt_cli.models.fast.packed import PackedLinear, pack_linears, packed_unavailable_reason
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -66,7 +66,7 @@ def test_relu_as_the_products_post_op_equals_relu_after_it(dtype):
     nn.init.normal_(linear.bias)
     packed = PackedLinear(linear, dtype)
     x = torch.randn(2, 9, 64)
-    got = packed.forward_relu(x)
+    got = PackedLinear(linear, dtype, relu=True)(x)
     assert got.dtype == dtype and got.shape == (2, 9, 300)
     assert torch.equal(got, torch.relu(packed(x)))
     assert bool(got.eq(0).any()) and bool(got.gt(0).any())
@@ -113,7 +113,7 @@ def test_without_kernels_nothing_changes(monkeypatch, dtype):
 
 def test_probing_the_kernels_leaves_the_global_rng_as_it_was():
     """Loading a model for translation must not shift the random numbers a caller draws next."""
-    from nmt_cli.models.int8 import int8_unavailable_reason
+    from nmt_cli.models.fast.int8 import int8_unavailable_reason
 
     torch.manual_seed(5)
     state = torch.get_rng_state()

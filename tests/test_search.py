@@ -48,8 +48,13 @@ class ScriptedDecoder:
     def lprobs(self, sentence: int, prefix: tuple[int, ...]) -> list[float]:
         return self.table.get((sentence, *prefix), self.table.get(prefix, self.default))
 
+    sentence_drop_fraction = 0.0
+
     def encode(self, src_tokens):
         return src_tokens[:, 0].clone()
+
+    def new_cache(self):
+        return {}
 
     def reorder_encoder_out(self, encoder_out, index):
         return encoder_out[index]

@@ -26,7 +26,7 @@ from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.decode.ensemble import Ensemble
 from nmt_cli.decode.search import generate
 from nmt_cli.decode.translator import make_batches, pad_batch
-from nmt_cli.models import packed
+from nmt_cli.models.fast import packed
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
@@ -140,14 +140,19 @@ def test_make_batches_respects_budgets_and_covers_everything():
 class Uncached:
     """The model recomputing every step from the full prefix (a fresh cache each call)."""
 
+    sentence_drop_fraction = 0.0
+
     def __init__(self, model) -> None:
         self.model = model
 
     def encode(self, src_tokens):
         return self.model.encode(src_tokens)
 
+    def new_cache(self):
+        return None
+
     def decode_step(self, prev_tokens, encoder_out, cache):
-        return self.model.decode_step(prev_tokens, encoder_out, {})
+        return self.model.decode_step(prev_tokens, encoder_out, self.model.new_cache())
 
     def reorder_cache(self, cache, index, sentence_index=None):
         pass

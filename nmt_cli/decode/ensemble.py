@@ -45,23 +45,26 @@ class Ensemble:
 
     @property
     def sentence_drop_fraction(self) -> float:
-        """The largest of the models' (see `generate`)."""
-        return max(getattr(m, "sentence_drop_fraction", 0.0) for m in self.models)
+        """The largest of the models' (see IncrementalDecoder)."""
+        return max(m.sentence_drop_fraction for m in self.models)
 
     def encode(self, src_tokens: Tensor) -> list[Any]:
         return [m.encode(src_tokens) for m in self.models]
 
-    def decode_step(self, prev_tokens: Tensor, encoder_out: list[Any], cache: dict[str, Any]) -> Tensor:
-        caches = cache.setdefault("models", [{} for _ in self.models])
+    def new_cache(self) -> list[Any]:
+        """One cache per model."""
+        return [m.new_cache() for m in self.models]
+
+    def decode_step(self, prev_tokens: Tensor, encoder_out: list[Any], cache: list[Any]) -> Tensor:
         lprobs = torch.stack([
-            m.decode_step(prev_tokens, enc, c).float() for m, enc, c in zip(self.models, encoder_out, caches)
+            m.decode_step(prev_tokens, enc, c).float() for m, enc, c in zip(self.models, encoder_out, cache)
         ])  # (n, B, V)
         if len(self.models) == 1:
             return lprobs[0]
         return torch.logsumexp(lprobs, dim=0) - math.log(len(self.models))
 
-    def reorder_cache(self, cache: dict[str, Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
-        for m, c in zip(self.models, cache.get("models", [])):
+    def reorder_cache(self, cache: list[Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
+        for m, c in zip(self.models, cache):
             m.reorder_cache(c, index, sentence_index=sentence_index)
 
     def reorder_encoder_out(self, encoder_out: list[Any], index: Tensor) -> list[Any]:

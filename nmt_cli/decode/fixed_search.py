@@ -53,8 +53,8 @@ from nmt_cli.decode.search import (
     max_output_lengths,
     penalize,
 )
-from nmt_cli.models import transformer as transformer_module
-from nmt_cli.models.transformer import Transformer, self_kv_shape
+from nmt_cli.models.decoding_state import RowMajorKV
+from nmt_cli.models.transformer import Transformer
 
 # Sources are right-padded to a multiple of this many tokens, so that batches of
 # similar lengths share buffers and graphs.
@@ -84,7 +84,7 @@ class Workspace:
     def buffers(self, capacity: int) -> tuple[Tensor, Tensor]:
         """The two self-attention buffers of `capacity` (zeros at first: a step reads all of one)."""
         if capacity not in self.self_kv:
-            shape = self_kv_shape(self.cross_kv, self.state.tokens.size(0), capacity)
+            shape = RowMajorKV.shape(self.cross_kv, self.state.tokens.size(0), capacity)
             self.self_kv[capacity] = tuple(self.cross_kv.new_zeros(shape) for _ in range(2))
         return self.self_kv[capacity]
 
@@ -114,7 +114,7 @@ class FixedSearch:
         src_tokens, max_len = _padded(src_tokens, max_len)
         ws = self._workspace(src_tokens, torch.tensor(max_len, device=src_tokens.device), L)
         pending: HostCopy | None = None  # the previous step's `done` flags, on their way to the host
-        capacity = transformer_module.INITIAL_CACHE_CAPACITY
+        capacity = model.decoding.initial_capacity
         for step in range(L - 1):
             model.decoder.embed_positions.prepare(step + 1)
             parity = step % 2  # the buffer that holds the cache at this step
@@ -147,7 +147,8 @@ class FixedSearch:
         width = L + (-L % SOURCE_BUCKET)  # room for the tokens; the loop stops at L anyway
         state = BeamState.start(max_len, K, width)
         state.cum_scores[:, 1:] = -math.inf  # step 0 expands the first beam only
-        cross_kv, cross_mask = model.cross_attention_state(model.encode(src_tokens))
+        cross = model.cross_attention_state(model.encode(src_tokens))
+        cross_kv, cross_mask = cross.kv, cross.mask
         key = (B, src_tokens.size(1), width, src_tokens.device, autocast_state(src_tokens.device))
         ws = self.workspaces.get(key)
         if ws is None:

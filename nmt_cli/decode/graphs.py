@@ -8,9 +8,9 @@ A replayed graph reads and writes the memory it was captured with, so the captur
 step (Transformer.decode_step_static) keeps its shapes and buffers whatever the
 position: it takes the new tokens and the position from two small tensors owned here,
 attends over the cache's whole capacity with later positions masked, and writes its
-log-probabilities into memory of its own. The model's cache alternates between two
-buffers (reorder_cache gathers the rows into the spare one and swaps them), so a
-cache shape gets two graphs, one per buffer. A larger capacity or a smaller batch
+log-probabilities into memory of its own. The model's row-major cache (RowMajorKV)
+alternates between two buffers (reordering gathers the rows into the spare one and
+swaps them), so a cache shape gets two graphs, one per buffer. A larger capacity or a smaller batch
 makes new buffers and so new graphs: finished sentences therefore stay in the batch,
 masked, until half of it is done (`sentence_drop_fraction`, read by the search).
 nmt_cli/decode/fixed_search.py captures the search's own work into the same graph.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -32,6 +32,7 @@ from torch import Tensor
 
 from nmt_cli.decode.ensemble import Ensemble
 from nmt_cli.decode.search import IncrementalDecoder
+from nmt_cli.models.decoding_state import DecoderCache
 from nmt_cli.models.transformer import EncoderOut, Transformer
 
 
@@ -106,6 +107,15 @@ class GraphedCall:
         self.use_graph = False
 
 
+@dataclass
+class GraphedCache:
+    """A GraphedTransformer's decoding cache: the model's (always row-major, zeroed), and
+    the fixed-shape steps made for its buffers."""
+
+    model: DecoderCache = field(default_factory=DecoderCache)
+    steps: dict[tuple, "_DecoderStep"] = field(default_factory=dict)
+
+
 class GraphedTransformer:
     """A Transformer behind the search's IncrementalDecoder protocol, its one-token steps
     run with fixed shapes: replayed as CUDA graphs on a GPU (`use_graphs`), eagerly elsewhere."""
@@ -122,25 +132,29 @@ class GraphedTransformer:
     def encode(self, src_tokens: Tensor) -> EncoderOut:
         return self.model.encode(src_tokens)
 
+    def new_cache(self) -> GraphedCache:
+        return GraphedCache()
+
     @torch.no_grad()
-    def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, cache: dict[str, Any]) -> Tensor:
+    def decode_step(self, prev_tokens: Tensor, encoder_out: EncoderOut, cache: GraphedCache) -> Tensor:
         """Transformer.decode_step, through a captured step when one new token per row is asked.
 
         The log-probs returned are the graph's own memory: the next step overwrites them
         (the search uses them before then; clone them to keep them longer).
         """
-        if not cache:
-            self.model.start_cache(encoder_out, prev_tokens.size(0), cache, zeroed=True)
-        start = cache["length"]
+        model_cache = cache.model
+        if not model_cache.started:
+            self.model.start_cache(encoder_out, prev_tokens.size(0), model_cache, zeroed=True)
+        start = model_cache.length
         if prev_tokens.size(1) - start != 1:  # a forced prefix of several tokens: an ordinary step
-            return self.model.decode_step(prev_tokens, encoder_out, cache)
-        self.model.prepare_static_step(cache)
+            return self.model.decode_step(prev_tokens, encoder_out, model_cache)
+        self.model.prepare_static_step(model_cache)
         step = self._step_for(cache)
         step.new_tokens.copy_(prev_tokens[:, start:])
         step.index.fill_(start)
         lprobs = step.call()
         self.check(step.call)
-        cache["length"] = start + 1
+        model_cache.length = start + 1
         return lprobs
 
     def check(self, call: GraphedCall) -> None:
@@ -149,20 +163,19 @@ class GraphedTransformer:
             self.use_graphs = False
             self.warn(f"warning: {call.failure}; decoding goes on without CUDA graphs")
 
-    def reorder_cache(self, cache: dict[str, Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
-        self.model.reorder_cache(cache, index, sentence_index=sentence_index)
+    def reorder_cache(self, cache: GraphedCache, index: Tensor, sentence_index: Tensor | None = None) -> None:
+        self.model.reorder_cache(cache.model, index, sentence_index=sentence_index)
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, index: Tensor) -> EncoderOut:
         return self.model.reorder_encoder_out(encoder_out, index)
 
-    def _step_for(self, cache: dict[str, Any]) -> "_DecoderStep":
+    def _step_for(self, cache: GraphedCache) -> "_DecoderStep":
         """The fixed-shape step that reads the cache's current buffers (made on first use)."""
-        buffers = (cache["self_kv"], cache["cross_kv"], cache["cross_mask"])
-        steps: dict[tuple, _DecoderStep] = cache.setdefault("fixed_steps", {})
-        key = _graph_key(steps, buffers)
-        if key not in steps:
-            steps[key] = _DecoderStep.make(self.model, *buffers, use_graph=self.use_graphs)
-        return steps[key]
+        buffers = (cache.model.self_attn.kv, cache.model.cross.kv, cache.model.cross.mask)
+        key = _graph_key(cache.steps, buffers)
+        if key not in cache.steps:
+            cache.steps[key] = _DecoderStep.make(self.model, *buffers, use_graph=self.use_graphs)
+        return cache.steps[key]
 
 
 def _graph_key(calls: dict[tuple, Any], buffers: tuple[Tensor, ...]) -> tuple:

@@ -21,8 +21,8 @@ from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import release_freed_memory
-from nmt_cli.models.int8 import quantize_linears
-from nmt_cli.models.packed import pack_linears
+from nmt_cli.models.fast.int8 import quantize_linears
+from nmt_cli.models.fast.packed import pack_linears
 from nmt_cli.text.pipeline import TextPipeline
 
 
@@ -85,7 +85,7 @@ def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "
     )
 
 
-# The precisions whose linear layers run on packed weights on a CPU (nmt_cli/models/packed.py).
+# The precisions whose linear layers run on packed weights on a CPU (nmt_cli/models/fast/packed.py).
 PACKED_PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -46,14 +46,24 @@ class IncrementalDecoder(Protocol):
     """What search needs from a model (or an ensemble of models).
 
     The encoder output is per sentence; `decode_step` gets K target rows per sentence
-    (the beams, K = 1 for greedy), a sentence's rows next to each other.
+    (the beams, K = 1 for greedy), a sentence's rows next to each other. The cache is
+    the decoder's own (a Transformer's: nmt_cli/models/decoding_state.py): the search
+    makes it with `new_cache` and hands it back at every step.
     """
+
+    # Done sentences leave the batch once this fraction of it is done (0: at once); until
+    # then they stay, masked. Decoders whose steps have fixed shapes, or whose cache a
+    # departure copies whole (a CPU's), ask for more. Results do not depend on it.
+    sentence_drop_fraction: float
 
     def encode(self, src_tokens: Tensor) -> Any: ...
 
-    def decode_step(self, prev_tokens: Tensor, encoder_out: Any, cache: dict[str, Any]) -> Tensor: ...
+    def new_cache(self) -> Any:
+        """An empty cache for one batch; the first `decode_step` fills it."""
 
-    def reorder_cache(self, cache: dict[str, Any], index: Tensor, sentence_index: Tensor | None = None) -> None:
+    def decode_step(self, prev_tokens: Tensor, encoder_out: Any, cache: Any) -> Tensor: ...
+
+    def reorder_cache(self, cache: Any, index: Tensor, sentence_index: Tensor | None = None) -> None:
         """Keep target rows `index` (new row i continues a row of the sentence that
         becomes sentence i // K) and, when sentences leave, sentences `sentence_index`."""
 
@@ -294,13 +304,10 @@ def generate(
     state = BeamState.start(torch.tensor(max_len, device=device), K, L)
     results = BeamState.start(state.max_len, K, L)  # finished sentences are copied here
     encoder_out = model.encode(src_tokens)  # per sentence: the K beams of a sentence share it
-    cache: dict[str, Any] = {}
+    cache = model.new_cache()
     lagged_sync = device.type == "cuda" if lagged_sync is None else lagged_sync
     pending: HostCopy | None = None  # last step's `done` flags, on their way to the host
-    # Done sentences leave once this fraction of the batch is done (0: at once); until
-    # then they stay, masked. Decoders whose steps have fixed shapes, or whose cache a
-    # departure copies whole (a CPU's), ask for more.
-    drop_fraction = getattr(model, "sentence_drop_fraction", 0.0)
+    drop_fraction = model.sentence_drop_fraction
     column = torch.ones(1, dtype=torch.long, device=device)  # step + 1, kept on the device
     for step in range(L - 1):
         B = state.cum_scores.size(0)

@@ -25,7 +25,7 @@ from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_te
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
 from nmt_cli.host_memory import keep_freed_memory
-from nmt_cli.models import packed
+from nmt_cli.models.fast import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
 DEFAULT_MAX_TOKENS = 4096

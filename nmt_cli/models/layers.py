@@ -19,7 +19,7 @@ Padding masks are bool, True at pads; attention masks given to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,8 +27,10 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from nmt_cli.errors import NmtError
-from nmt_cli.models.dropout import maybe_dropout
-from nmt_cli.models.packed import PackedLinear
+from nmt_cli.models.fast.dropout import maybe_dropout
+
+if TYPE_CHECKING:
+    from nmt_cli.models.decoding_state import LayerKV
 
 
 def sinusoidal_table(num_positions: int, dim: int, padding_idx: int) -> Tensor:
@@ -187,33 +189,6 @@ def sequence_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal)
 
 
-@dataclass
-class StaticPosition:
-    """Where a decoding step of fixed shapes (one that a CUDA graph can replay) writes and reads.
-
-    Nothing about it is known to the host: the step writes the new token's keys and
-    values at `index` and attends over the cache's whole capacity, later positions
-    masked out.
-    """
-
-    index: Tensor  # () long: the new token's 0-based position
-    self_mask: Tensor  # (1, 1, 1, capacity) additive: 0 at positions <= index, -inf after
-
-
-@dataclass
-class BeamCache:
-    """A decoder layer's self-attention cache in the layout of CPU decoding, which beam
-    reordering leaves in place (see nmt_cli/models/transformer.py).
-
-    Each new position's keys and values stay in the slot of the beam that computed
-    them; a row attends over its whole sentence's slots, and `history_mask` lets each
-    query see only the slots its own history went through.
-    """
-
-    kv: Tensor  # (2, B, H, capacity, K, Dh): keys and values per sentence, position and beam slot
-    history_mask: Tensor  # (B, 1, K * n, T * K) additive: 0 where the query's history is, -inf elsewhere
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a fused q/k/v projection."""
 
@@ -237,55 +212,11 @@ class SelfAttention(nn.Module):
         out = sequence_attention(q, k, v, attn_mask, dropout, is_causal)
         return self.out_proj(merge_heads(out))
 
-    def forward_cached(self, x: Tensor, kv_cache: Tensor | BeamCache, start: int) -> Tensor:
-        """Incremental causal attention for new tokens x (B, n, D) at positions start..start+n-1.
-
-        kv_cache (B, capacity, 2, H, Dh) holds keys/values of the earlier positions;
-        this writes the new ones in place and attends over positions 0..start+n-1.
-        A BeamCache (x then holds K rows per sentence) is read through its history mask.
-        """
-        if isinstance(kv_cache, BeamCache):
-            return self._forward_beam_cache(x, kv_cache, start)
-        B, n, _ = x.shape
-        qkv = self.in_proj(x).view(B, n, 3, self.num_heads, -1)  # (B, n, 3, H, Dh)
-        kv_cache[:, start : start + n] = qkv[:, :, 1:]
-        # Strided (B, H, T, Dh) views: scaled_dot_product_attention reads them in place.
-        k, v = kv_cache[:, : start + n].permute(2, 0, 3, 1, 4).unbind(0)
-        q = qkv[:, :, 0].transpose(1, 2)  # (B, H, n, Dh)
-        if n == 1:
-            mask, is_causal = None, False  # one query may see every cached key
-        elif start == 0:
-            mask, is_causal = None, True
-        else:
-            # Query i (absolute start + i) may see keys 0..start + i.
-            mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(diagonal=start)
-            is_causal = False
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
-        return self.out_proj(merge_heads(out))
-
-    def _forward_beam_cache(self, x: Tensor, cache: BeamCache, start: int) -> Tensor:
-        """forward_cached on a BeamCache: x (B*K, n, D), K rows per sentence."""
-        rows, n, D = x.shape
-        _, B, H, _, K, Dh = cache.kv.shape
-        qkv = self.in_proj(x).view(B, K, n, 3, H, Dh)
-        cache.kv[:, :, :, start : start + n] = qkv[:, :, :, 1:].permute(3, 0, 4, 2, 1, 5)  # (2, B, H, n, K, Dh)
-        # A sentence's T * K (position, slot) keys are one contiguous block per head.
-        k, v = cache.kv[:, :, :, : start + n].reshape(2, B, H, (start + n) * K, Dh).unbind(0)
-        q = qkv[:, :, :, 0].permute(0, 3, 1, 2, 4).reshape(B, H, K * n, Dh)
-        out = few_query_attention(q, k, v, cache.history_mask)  # (B, H, K * n, Dh)
-        return self.out_proj(out.view(B, H, K, n, Dh).permute(0, 2, 3, 1, 4).reshape(rows, n, D))
-
-    def forward_static(self, x: Tensor, kv_cache: Tensor, position: StaticPosition) -> Tensor:
-        """forward_cached for one new token x (B, 1, D), with shapes that do not depend on
-        its position. kv_cache (B, capacity, 2, H, Dh) must hold finite values everywhere:
-        masked positions still enter the products (zeros are fine)."""
-        B = x.size(0)
-        qkv = self.in_proj(x).view(B, 1, 3, self.num_heads, -1)  # (B, 1, 3, H, Dh)
-        kv_cache.index_copy_(1, position.index.view(1), qkv[:, :, 1:])
-        k, v = kv_cache.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, capacity, Dh) each
-        q = qkv[:, :, 0].transpose(1, 2)  # (B, H, 1, Dh)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=position.self_mask)
-        return self.out_proj(merge_heads(out))
+    def forward_cached(self, x: Tensor, cache: LayerKV) -> Tensor:
+        """Decoding: new tokens x (B*K, n, D) -> (B*K, n, D), attending over the earlier
+        positions that `cache` holds and over one another causally; their keys and
+        values are stored in `cache` (nmt_cli/models/decoding_state.py, one path per layout)."""
+        return self.out_proj(cache.attend(self.in_proj(x)))  # in_proj: (B*K, n, 3 * D)
 
 
 class CrossAttention(nn.Module):
@@ -356,18 +287,23 @@ class _Sublayers(nn.Module):
         self.dropout = dropout
         self.activation_dropout = activation_dropout
         self.normalize_before = normalize_before
+        self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
+        # True once fc1 applies the ReLU itself, as it writes its product (the CPU
+        # inference layers of nmt_cli/models/fast/packed.py; only for inference).
+        self.fc1_applies_relu = False
 
     def before(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         return norm(x) if self.normalize_before else x
 
     def after(self, x: Tensor, residual: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = residual + maybe_dropout(x, self.dropout, self.training)
+        x = residual + maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
         return x if self.normalize_before else norm(x)
 
     def feed_forward(self, x: Tensor, fc1: nn.Module, fc2: nn.Module) -> Tensor:
-        if isinstance(fc1, PackedLinear):  # decoding on a CPU: the ReLU is the product's post-op
-            return fc2(fc1.forward_relu(x))
-        hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training)  # (B, T, ffn_dim)
+        if self.fc1_applies_relu:
+            return fc2(fc1(x))
+        hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training,
+                               self.lane_mask_dropout)  # (B, T, ffn_dim)
         return fc2(hidden)
 
 
@@ -418,20 +354,15 @@ class DecoderLayer(nn.Module):
         return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))
 
     def forward_cached(self, x: Tensor, cross_k: Tensor, cross_v: Tensor, cross_mask: Tensor,
-                       self_kv_cache: Tensor | BeamCache, start: int | StaticPosition) -> Tensor:
-        """Decoding: new tokens x (B*K, n, D) at positions start.. -> (B*K, n, D).
+                       self_cache: LayerKV) -> Tensor:
+        """Decoding: new tokens x (B*K, n, D) -> (B*K, n, D).
 
         K target rows per source sentence (see CrossAttention.forward_cached); cross_k,
-        cross_v (B, H, S, Dh) and cross_mask (B, 1, 1, S) per sentence; self_kv_cache
-        (B*K, capacity, 2, H, Dh) per row, or a BeamCache. With a StaticPosition, n is 1
-        and the step keeps fixed shapes (SelfAttention.forward_static).
+        cross_v (B, H, S, Dh) and cross_mask (B, 1, 1, S) per sentence; `self_cache` this
+        layer's view of the decoding cache for the new positions.
         """
         w = self.wiring
-        x_norm = w.before(x, self.self_attn_layer_norm)
-        if isinstance(start, StaticPosition):
-            h = self.self_attn.forward_static(x_norm, self_kv_cache, start)
-        else:
-            h = self.self_attn.forward_cached(x_norm, self_kv_cache, start)
+        h = self.self_attn.forward_cached(w.before(x, self.self_attn_layer_norm), self_cache)
         x = w.after(h, x, self.self_attn_layer_norm)
         h = self.encoder_attn.forward_cached(w.before(x, self.encoder_attn_layer_norm), cross_k, cross_v, cross_mask)
         return self._feed_forward(w.after(h, x, self.encoder_attn_layer_norm))

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.models.fast.options import DecodingOptions
 from nmt_cli.models.size import check_model_fits
 from nmt_cli.models.transformer import Transformer
 
@@ -63,8 +64,10 @@ def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
     return dataclasses.replace(ARCHITECTURES[arch], **overrides)
 
 
-def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialise: bool = True) -> Transformer:
-    """A freshly initialised Transformer for the given vocabulary sizes.
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialise: bool = True,
+                decoding: DecodingOptions = DecodingOptions(), lane_mask_dropout: bool = True) -> Transformer:
+    """A freshly initialised Transformer for the given vocabulary sizes, with the speed
+    work `decoding` and `lane_mask_dropout` select (see Transformer).
 
     `initialise=False` leaves the weights as allocated, uninitialised memory, for a
     caller that loads every one of them next: the random initialisation it skips is most
@@ -75,9 +78,9 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, init
     """
     check_model_fits(cfg, src_vocab_size, tgt_vocab_size)
     if initialise:
-        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size, decoding, lane_mask_dropout)
     with _init_functions_skipped():
-        return Transformer(cfg, src_vocab_size, tgt_vocab_size)
+        return Transformer(cfg, src_vocab_size, tgt_vocab_size, decoding, lane_mask_dropout)
 
 
 @contextlib.contextmanager

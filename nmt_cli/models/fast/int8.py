@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import NmtError
-from nmt_cli.models.linear_swap import probe_failure, replace_linears
+from nmt_cli.models.fast.linear_swap import probe_failure, replace_linears
 
 WEIGHT_MAX = 127
 ACTIVATION_ZERO = 64  # activations x_q - 64 in [-63, 63]

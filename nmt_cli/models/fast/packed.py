@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from nmt_cli.models.linear_swap import probe_failure, replace_linears
+from nmt_cli.models.fast.linear_swap import probe_failure, replace_linears
+from nmt_cli.models.layers import DecoderLayer, EncoderLayer
 
 # oneDNN picks its blocked layout for this many rows; every row count works with it. A
 # beam-search step has beams x sentences rows (128 for beam 4 and 32 sentences).
@@ -48,37 +49,33 @@ def packed_unavailable_reason(dtype: torch.dtype) -> str | None:
 
 class PackedLinear(nn.Module):
     """A frozen nn.Linear for inference in `dtype` (float32 or bf16), its weight in
-    oneDNN's layout (see the module docstring)."""
+    oneDNN's layout (see the module docstring); with `relu`, relu(linear(x)).
 
-    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+    With `relu` the product applies the ReLU as it writes its result: one pass fewer over
+    a feed-forward layer's widest activations. Rounding to bf16 keeps signs, so bf16
+    gives the same. One difference from torch.relu: oneDNN's ReLU turns NaN into 0. In a
+    feed-forward layer a NaN input still reaches the output through the residual
+    connection; only NaN made by this layer's own weights would vanish, and loading
+    refuses weights that are not finite (checkpoint.check_finite_weights).
+    """
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, relu: bool = False) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.dtype = dtype
+        self.relu = relu
         weight = linear.weight.detach().to(dtype)
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, TYPICAL_ROWS)
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self._product(x, "none")
-
-    def forward_relu(self, x: Tensor) -> Tensor:
-        """relu(self(x)), the ReLU applied by the product as it writes its result: one pass
-        fewer over a feed-forward layer's widest activations. Rounding to bf16 keeps
-        signs, so bf16 gives the same.
-
-        One difference from torch.relu: oneDNN's ReLU turns NaN into 0. In a feed-forward
-        layer a NaN input still reaches the output through the residual connection; only
-        NaN made by this layer's own weights would vanish, and loading refuses weights
-        that are not finite (checkpoint.check_finite_weights)."""
-        return self._product(x, "relu")
-
-    def _product(self, x: Tensor, post_op: str) -> Tensor:
+        post_op = "relu" if self.relu else "none"
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed_weight, self.bias, post_op, [], "")
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"dtype={self.dtype}")
+                f"dtype={self.dtype}, relu={self.relu}")
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype) -> bool:
@@ -89,5 +86,9 @@ def pack_linears(model: nn.Module, dtype: torch.dtype) -> bool:
     """
     if packed_unavailable_reason(dtype) is not None:
         return False
+    for layer in model.modules():
+        if isinstance(layer, (EncoderLayer, DecoderLayer)):  # their feed-forward's ReLU moves into fc1
+            layer.fc1 = PackedLinear(layer.fc1, dtype, relu=True)
+            layer.wiring.fc1_applies_relu = True
     replace_linears(model, lambda linear: PackedLinear(linear, dtype))
     return True

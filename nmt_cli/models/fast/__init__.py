@@ -1,0 +1,10 @@
+"""Speed work for decoding, kept apart from the model it serves.
+
+The reference Transformer (nmt_cli/models/transformer.py) runs without any of this and
+gives the same outputs (tests/test_fast_decoding.py). What is used is chosen
+explicitly: the linear layers by `nmt_cli.decode.loading.prepare_linears` (`packed.py`:
+weights packed for oneDNN, float32 and bf16 on a CPU; `int8.py`: 8-bit integer
+products; `linear_swap.py`: what they share), the decoding cache by the model's
+`DecodingOptions` (`beam_slots.py`: the CPU layout that beam reordering leaves in
+place; `buffer_pool.py`: CPU cache buffers reused from batch to batch).
+"""

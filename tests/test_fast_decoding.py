@@ -1,0 +1,101 @@
+"""The reference Transformer, without any of nmt_cli/models/fast/ (REFERENCE_DECODING,
+plain linear layers, torch's dropout), against the model as `nmt translate` runs it on
+a CPU (the default DecodingOptions, and packed or int8 linear layers): the same
+hypotheses, greedy and beam, on several batch shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from model_utils import EOS, SRC_V, TGT_V, eos_prone, source_batch, tiny_model
+
+from nmt_cli.config import DecodeConfig
+from nmt_cli.decode.search import generate
+from nmt_cli.models.decoding_state import RowMajorKV
+from nmt_cli.models.fast.beam_slots import BeamSlotKV
+from nmt_cli.models.fast.dropout import set_lane_mask_dropout
+from nmt_cli.models.fast.options import REFERENCE_DECODING, DecodingOptions
+from nmt_cli.models.fast.packed import pack_linears, packed_unavailable_reason
+
+BATCHES = [
+    pytest.param([7], id="one-sentence"),
+    pytest.param([5, 9, 3], id="three"),
+    pytest.param([2, 11, 4, 8, 6, 3, 12, 5, 9, 7, 10], id="eleven"),
+]
+
+
+def model_pair(seed: int, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(reference, fast): the same weights, decoding without and with the speed work."""
+    reference = eos_prone(tiny_model(seed, dtype=dtype, decoding=REFERENCE_DECODING))
+    fast = eos_prone(tiny_model(seed, dtype=dtype, decoding=DecodingOptions()))
+    return reference, fast
+
+
+def assert_same_hypotheses(got: list, want: list, abs_tol: float) -> None:
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    assert [h.score for s in got for h in s] == pytest.approx([h.score for s in want for h in s], abs=abs_tol)
+    for sentence_got, sentence_want in zip(got, want):
+        for h_got, h_want in zip(sentence_got, sentence_want):
+            assert h_got.positional_scores == pytest.approx(h_want.positional_scores, abs=abs_tol)
+
+
+@pytest.mark.parametrize("lengths", BATCHES)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_reference_model_decodes_as_the_fast_one(beam: int, lengths: list[int]) -> None:
+    reference, fast = model_pair(41, torch.float64)
+    src = source_batch(lengths, SRC_V, seed=42)
+    cfg = DecodeConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=6)
+    want = generate(reference, src, cfg, 1024)
+    got = generate(fast, src, cfg, 1024)
+    assert_same_hypotheses(got, want, abs_tol=1e-9)
+    assert reference.sentence_drop_fraction == 0.0 < fast.sentence_drop_fraction
+
+
+@pytest.mark.skipif(packed_unavailable_reason(torch.float32) is not None, reason="no oneDNN float32 kernels here")
+@pytest.mark.parametrize("lengths", BATCHES)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_reference_model_decodes_as_the_fast_one_on_packed_linears(beam: int, lengths: list[int]) -> None:
+    reference, fast = model_pair(43, torch.float32)
+    assert pack_linears(fast, torch.float32)
+    src = source_batch(lengths, SRC_V, seed=44)
+    cfg = DecodeConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=6)
+    want = generate(reference, src, cfg, 1024)
+    got = generate(fast, src, cfg, 1024)
+    # The same arithmetic, its sums in another order: equal up to float32 rounding.
+    assert_same_hypotheses(got, want, abs_tol=1e-4)
+
+
+def test_each_model_takes_the_layouts_its_options_select() -> None:
+    """What the comparisons above compare: the reference model runs the row-major cache
+    with no transposed keys nor pooled buffers; the fast one the beam slots."""
+    reference, fast = model_pair(45, torch.float32)
+    src, prev = source_batch([4, 6], SRC_V), torch.full((8, 1), EOS)
+    caches = {}
+    for name, model in (("reference", reference), ("fast", fast)):
+        caches[name] = model.new_cache()
+        model.decode_step(prev, model.encode(src), caches[name])
+    assert isinstance(caches["reference"].self_attn, RowMajorKV)
+    assert caches["reference"].cross.keys_t is None and caches["reference"].buffers.pool is None
+    assert isinstance(caches["fast"].self_attn, BeamSlotKV) and caches["fast"].cross.keys_t is not None
+    assert caches["fast"].buffers.pool is fast.cache_buffers
+
+
+def test_without_lane_masks_training_dropout_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lane_mask_dropout=False (Transformer, build_model or set_lane_mask_dropout): every
+    dropout of the model in training is F.dropout; with lane masks none is, on a CPU."""
+    calls: list[float] = []
+    torch_dropout = torch.nn.functional.dropout
+    monkeypatch.setattr(torch.nn.functional, "dropout",
+                        lambda x, p, training, *rest: calls.append(p) or torch_dropout(x, p, training, *rest))
+    src, prev = source_batch([5, 7], SRC_V), source_batch([6, 4], TGT_V, seed=47)
+    counts = {}
+    for lane_masks in (True, False):
+        model = tiny_model(46, dtype=torch.float32, dropout=0.3).train()
+        set_lane_mask_dropout(model, lane_masks)
+        calls.clear()
+        model(src, prev)
+        counts[lane_masks] = len(calls)
+    # Embeddings (2), then two residual sublayers per encoder layer and three per decoder layer.
+    cfg = model.cfg
+    assert counts == {True: 0, False: 2 + 2 * cfg.encoder_layers + 3 * cfg.decoder_layers}
+    assert set(calls) == {0.3}
