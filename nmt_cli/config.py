@@ -7,12 +7,15 @@ Each validates itself in `__post_init__` and raises `NmtError` on bad values.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
-from nmt_cli.machine import check_cpu_count, check_device_string
+from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
+from nmt_cli.options import flag_option, option
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -40,27 +43,40 @@ def check_seed(seed: int, flag: str = "--seed", smallest: int = 0) -> None:
 class ModelConfig:
     """An encoder-decoder Transformer. Field names follow fairseq's flags."""
 
-    encoder_embed_dim: int = 512
-    encoder_ffn_embed_dim: int = 2048
-    encoder_layers: int = 6
-    encoder_attention_heads: int = 8
-    decoder_embed_dim: int = 512
-    decoder_ffn_embed_dim: int = 2048
-    decoder_layers: int = 6
-    decoder_attention_heads: int = 8
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
+    encoder_embed_dim: int = option("--encoder-embed-dim", default=512, help="Encoder model dimension (d_model).")
+    encoder_ffn_embed_dim: int = option("--encoder-ffn-embed-dim", default=2048,
+                                        help="Encoder feed-forward inner dimension (d_ff).")
+    encoder_layers: int = option("--encoder-layers", default=6, help="Number of encoder layers.")
+    encoder_attention_heads: int = option("--encoder-attention-heads", default=8, help="Encoder attention heads.")
+    decoder_embed_dim: int = option("--decoder-embed-dim", default=512, help="Decoder model dimension (d_model).")
+    decoder_ffn_embed_dim: int = option("--decoder-ffn-embed-dim", default=2048,
+                                        help="Decoder feed-forward inner dimension (d_ff).")
+    decoder_layers: int = option("--decoder-layers", default=6, help="Number of decoder layers.")
+    decoder_attention_heads: int = option("--decoder-attention-heads", default=8, help="Decoder attention heads.")
+    dropout: float = option("--dropout", default=0.1, help="Dropout on embeddings and sub-layer outputs.")
+    attention_dropout: float = option("--attention-dropout", default=0.0, help="Dropout on attention weights.")
+    activation_dropout: float = option("--activation-dropout", default=0.0,
+                                       help="Dropout after the feed-forward ReLU.")
     # Post-norm (False) is the paper's layout; pre-norm trains more stably when deep.
-    normalize_before: bool = False
-    share_all_embeddings: bool = False
-    share_decoder_input_output_embed: bool = False
-    max_source_positions: int = 1024
-    max_target_positions: int = 1024
+    normalize_before: bool = option(
+        "--normalize-before/--no-normalize-before", default=False,
+        help="LayerNorm before each sub-layer (pre-norm) instead of after it (post-norm, the paper's).")
+    share_all_embeddings: bool = option(
+        "--share-all-embeddings/--no-share-all-embeddings", default=False,
+        help="One embedding matrix for encoder input, decoder input and output (needs a joined dictionary).")
+    share_decoder_input_output_embed: bool = option(
+        "--share-decoder-input-output-embed/--no-share-decoder-input-output-embed", default=False,
+        help="Tie the decoder input embedding to the output projection.")
+    max_source_positions: int = option("--max-source-positions", default=1024,
+                                       help="Longest source sentence (tokens) the model accepts.")
+    max_target_positions: int = option("--max-target-positions", default=1024,
+                                       help="Longest target sentence (tokens) the model accepts.")
     # Learned position embeddings instead of sinusoids (for imported models).
-    learned_pos: bool = False
+    learned_pos: bool = option("--learned-pos/--no-learned-pos", default=False,
+                               help="Learned position embeddings instead of sinusoids.")
     # Multiply embeddings by sqrt(d_model) (the paper); off only for imported models.
-    scale_embedding: bool = True
+    scale_embedding: bool = option("--scale-embedding/--no-scale-embedding", default=True,
+                                   help="Multiply token embeddings by sqrt(d_model) (the paper's).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -132,22 +148,36 @@ class DecodeConfig:
     output length of input length + 50 (max_len_a 1, max_len_b 50).
     """
 
-    beam: int = 5
-    nbest: int = 1
-    lenpen: float = 1.0
+    beam: int = option("--beam", default=5, show_default=True, help="Beam size (1: greedy decoding).")
+    nbest: int = option("--nbest", default=1, show_default=True,
+                        help="Hypotheses kept per sentence; text and bpe output print the best only, "
+                             "jsonl output lists all of them under \"nbest\".")
+    lenpen: float = option("--lenpen", default=1.0, show_default=True,
+                           help="Length penalty exponent alpha (the paper: 0.6 with --lenpen-style gnmt).")
     # "fairseq": score / len**lenpen; "gnmt": score / ((5 + len) / 6)**lenpen. len counts </s>.
-    lenpen_style: str = "fairseq"
-    max_len_a: float = 0.0
-    max_len_b: int = 200
+    lenpen_style: str = option(
+        "--lenpen-style", default="fairseq", choices=LENPEN_STYLES, show_default=True,
+        help="fairseq: score / len^alpha; gnmt: score / ((5 + len) / 6)^alpha (len counts </s>).")
+    max_len_a: float = option("--max-len-a", default=0.0, show_default=True,
+                              help="Maximum output length is a * source length + b (the paper: a 1, b 50).")
+    max_len_b: int = option("--max-len-b", default=200, show_default=True, help="See --max-len-a.")
     # Minimum number of tokens before </s> (fairseq's --min-len, default 1).
-    min_len: int = 1
-    no_repeat_ngram_size: int = 0
-    unk_penalty: float = 0.0
-    temperature: float = 1.0
-    sampling: bool = False
-    sampling_topk: int = -1
-    sampling_topp: float = -1.0
-    seed: int = 1
+    min_len: int = option("--min-len", default=1, show_default=True, help="Minimum number of tokens before </s>.")
+    no_repeat_ngram_size: int = option("--no-repeat-ngram-size", default=0, show_default=True,
+                                       help="Never repeat an n-gram of this size within a hypothesis (0: off).")
+    unk_penalty: float = option("--unk-penalty", default=0.0, show_default=True,
+                                help="Subtracted from the log-probability of <unk> (positive: fewer <unk>).")
+    temperature: float = option("--temperature", default=1.0, show_default=True,
+                                help="Divide the logits by this before the softmax (< 1 sharper, > 1 flatter).")
+    sampling: bool = flag_option(
+        "--sampling",
+        help="Sample instead of searching (back-translation): each of --beam hypotheses is one sample.")
+    sampling_topk: int = option("--sampling-topk", default=-1, show_default=True,
+                                help="With --sampling: draw only from the k most probable tokens (-1: all).")
+    sampling_topp: float = option("--sampling-topp", default=-1.0, show_default=True,
+                                  help="With --sampling: draw only from the smallest set of tokens with this much "
+                                       "probability (-1: all).")
+    seed: int = option("--seed", default=1, show_default=True, help="Random seed (for --sampling).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -191,30 +221,66 @@ TRAIN_PRECISIONS = PRECISIONS + ("pure-bf16",)
 # Translation only, on a CPU: 8-bit integer linear layers (nmt_cli/models/fast/int8.py).
 TRANSLATE_PRECISIONS = PRECISIONS + ("int8",)
 ERROR_POLICIES = ("strict", "replace")
+DEFAULT_BUFFER_SIZE = 2000
 
 
 @dataclass(frozen=True)
 class TranslateConfig:
     """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
 
-    checkpoints: tuple[str, ...]
+    checkpoints: tuple[str, ...] = option(
+        "--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
+        help="Checkpoint to translate with; several separated by ':' form an ensemble "
+             "(probabilities averaged; the models must share dictionaries).")
+    data_bin: str | None = option(
+        "--data-bin", default=None, path="dir", metavar="DIR",
+        help="Directory with meta.json, dict.*.txt and the BPE model(s) [default: the checkpoint's "
+             "directory, where training copies them]. Its dictionaries must match the checkpoint's.")
     decode: DecodeConfig = DecodeConfig()
-    data_bin: str | None = None
-    input_format: str = "raw"
-    output_format: str = "text"
-    buffer_size: int = 2000
-    max_tokens: int | None = None
-    batch_size: int | None = None
-    device: str = "cpu"
-    threads: int | None = None
+    input_format: str = option(
+        "--input-format", default="raw", choices=INPUT_FORMATS, show_default=True,
+        help="raw: plain text (tokenized and BPE-segmented as in preprocessing); bpe: space-separated "
+             "pieces of the source dictionary; ids: space-separated source dictionary ids.")
+    output_format: str = option(
+        "--output-format", default="text", choices=OUTPUT_FORMATS, show_default=True,
+        help="text: detokenized; bpe: space-separated target pieces; jsonl: one JSON object per line "
+             "with line, hyp, score, tokens, ids, positional_scores (and nbest when --nbest > 1).")
+    # Input lines per chunk: each chunk is sorted by length, translated, then written in order.
+    buffer_size: int = option(
+        "--buffer-size", default=DEFAULT_BUFFER_SIZE, type=int, cli_default=None,
+        help="Lines read before translating them together (sorted by length for speed); output "
+             f"appears chunk by chunk [default: {DEFAULT_BUFFER_SIZE}; 1 when stdin is a terminal].")
+    max_tokens: int | None = option(
+        "--max-tokens", default=None, type=int,
+        help="Source tokens per batch, padding included [default: 4096 unless --batch-size is given].")
+    batch_size: int | None = option("--batch-size", default=None, type=int, help="Sentences per batch (at most).")
+    device: str = option(
+        "--device", default="cpu", cli_default=None,
+        help="cpu, cuda or cuda:N [default: cuda when available (and not --precision int8), else cpu].")
+    threads: int | None = option(
+        "--threads", default=None, type=int,
+        help="CPU threads for the model, in each process of --workers [default: torch's; 1 with --workers].")
     # Processes translating at once on a CPU, each with its own model (decode/workers.py).
-    workers: int = 1
-    precision: str = "fp32"
+    workers: int = option(
+        "--workers", default=1, type=int, show_default=True,
+        help="CPU only: processes translating at once, each with its own copy of the model. For "
+             "throughput on several cores (e.g. --workers 4 on 4 cores); threads speed up each batch.")
+    precision: str = option(
+        "--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
+        help="bf16/fp16 run the model under autocast (fp16 on cuda only); int8: 8-bit integer linear "
+             "layers, on the CPU only; search stays in fp32.")
     # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only.
     # None: on with a CUDA device, where it decodes several times faster.
-    cuda_graphs: bool | None = None
-    errors: str = "strict"
-    quiet: bool = False
+    cuda_graphs: bool | None = option(
+        "--cuda-graphs/--no-cuda-graphs", default=None,
+        help="Replay each decoding step (model and search) as one CUDA graph: one launch instead of "
+             "hundreds of small kernels; same translations [default: on with a cuda device].")
+    errors: str = option(
+        "--errors", default="strict", choices=ERROR_POLICIES, show_default=True,
+        help="Invalid UTF-8 input: strict stops with an error naming the line (lines before it are "
+             "translated and written to stdout; -o FILE is left as it was); replace substitutes U+FFFD.")
+    quiet: bool = flag_option("--quiet", "-q",
+                              help="No progress bar or information on stderr (warnings and errors still appear).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -240,47 +306,113 @@ class TranslateConfig:
         check_cpu_count("--workers", self.workers)
         if self.workers > 1 and self.device != "cpu":
             raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
+        self._check_device_fits()
+
+    def _check_device_fits(self) -> None:
+        """The device exists, and fits the precision and CUDA graphs (torch is imported only for a cuda one)."""
+        device_type = self.device.split(":")[0]
+        if self.precision == "int8" and device_type != "cpu":
+            raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
+        if device_type == "cuda":
+            check_cuda_device(self.device)
+        if self.precision == "fp16" and device_type == "cpu":
+            raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
+        if self.cuda_graphs and device_type != "cuda":
+            raise NmtError("--cuda-graphs needs --device cuda")
 
 
 # --- preprocessing (nmt preprocess) ----------------------------------------------------
 
 PREPROCESS_TOKENIZERS = ("moses", "none")
 PREPROCESS_BPE = ("sentencepiece", "none")
+# Sentences sampled to learn BPE (`nmt preprocess --bpe-sample`, `nmt learn-bpe --sample`).
+DEFAULT_BPE_SAMPLE = 2_000_000
+
+
+def comma_separated_prefixes(flag: str, value: str | None) -> tuple[Path, ...]:
+    """A comma-separated list of prefixes; an empty item (`a,,b`, `a,`) is a mistake, never skipped."""
+    if value is None:
+        return ()
+    prefixes = value.split(",")
+    if "" in prefixes:
+        raise NmtError(
+            f"{flag} {value!r} has an empty prefix (item {prefixes.index('') + 1}); "
+            "give comma-separated file prefixes such as a,b"
+        )
+    return tuple(Path(p) for p in prefixes)
+
+
+def optional_path(value: str | None) -> Path | None:
+    return Path(value) if value else None
 
 
 @dataclass(frozen=True)
 class PreprocessConfig:
     """`nmt preprocess`: raw parallel text -> data-bin/. Field names follow fairseq's flags."""
 
-    source_lang: str
-    target_lang: str
-    trainpref: Path
-    destdir: Path = Path("data-bin")
-    validpref: tuple[Path, ...] = ()
-    testpref: tuple[Path, ...] = ()
-    joined_dictionary: bool = False
-    workers: int = 1
-    thresholdsrc: int = 0
-    thresholdtgt: int = 0
-    nwordssrc: int = -1
-    nwordstgt: int = -1
-    srcdict: Path | None = None
-    tgtdict: Path | None = None
-    tokenizer: str = "moses"
-    normalize_punctuation: bool = True
-    aggressive_dash_splits: bool = False
-    bpe: str = "sentencepiece"
-    bpe_size: int = 32000
+    source_lang: str = option("-s", "--source-lang", required=True, help="Source language code; files are PREFIX.SRC.")
+    target_lang: str = option("-t", "--target-lang", required=True, help="Target language code; files are PREFIX.TGT.")
+    trainpref: Path = option("--trainpref", required=True, to_value=Path,
+                             help="Training files prefix (reads PREFIX.SRC and PREFIX.TGT).")
+    validpref: tuple[Path, ...] = option(
+        "--validpref", default=(), cli_default=None, to_value=partial(comma_separated_prefixes, "--validpref"),
+        help="Validation prefix(es), comma-separated: splits valid, valid1, ...")
+    testpref: tuple[Path, ...] = option(
+        "--testpref", default=(), cli_default=None, to_value=partial(comma_separated_prefixes, "--testpref"),
+        help="Test prefix(es), comma-separated: splits test, test1, ...")
+    destdir: Path = option("--destdir", default=Path("data-bin"), type=str, to_value=Path, show_default=True,
+                           help="Output directory (data-bin/).")
+    joined_dictionary: bool = flag_option("--joined-dictionary",
+                                          help="One dictionary for both languages (needed to share embeddings).")
+    workers: int = option("--workers", default=1, show_default=True,
+                          help="Processes for tokenization, BPE and binarization.")
+    thresholdsrc: int = option("--thresholdsrc", default=0, show_default=True,
+                               help="Drop source symbols seen fewer times (they map to <unk>).")
+    thresholdtgt: int = option("--thresholdtgt", default=0, show_default=True,
+                               help="Drop target symbols seen fewer times.")
+    nwordssrc: int = option(
+        "--nwordssrc", default=-1, show_default=True,
+        help="Keep at most this many source symbols, the 4 specials included, as in fairseq (0 or -1: all).")
+    nwordstgt: int = option("--nwordstgt", default=-1, show_default=True,
+                            help="Keep at most this many target symbols, the 4 specials included (0 or -1: all).")
+    srcdict: Path | None = option(
+        "--srcdict", default=None, type=str, to_value=optional_path,
+        help="Reuse this source dictionary instead of building one (needs --bpe-model or --bpe none).")
+    tgtdict: Path | None = option("--tgtdict", default=None, type=str, to_value=optional_path,
+                                  help="Reuse this target dictionary instead of building one.")
+    tokenizer: str = option("--tokenizer", default="moses", choices=PREPROCESS_TOKENIZERS, show_default=True,
+                            help="moses: sacremoses tokenization (no escaping); none: split on whitespace only.")
+    normalize_punctuation: bool = option(
+        "--normalize-punctuation/--no-normalize-punctuation", default=True, show_default=True,
+        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing.")
+    aggressive_dash_splits: bool = flag_option("--aggressive-dash-splits",
+                                               help="Moses -a: split hyphenated words (A-B -> A @-@ B).")
+    bpe: str = option("--bpe", default="sentencepiece", choices=PREPROCESS_BPE, show_default=True,
+                      help="Subword segmentation; none: the text is already segmented.")
+    bpe_size: int = option("--bpe-size", default=32000, show_default=True,
+                           help="BPE vocabulary size (sentencepiece pieces).")
     # Sentences sampled to learn BPE: bounds memory on huge corpora (sentencepiece holds the sample).
-    bpe_sample: int = 2_000_000
-    bpe_seed: int = 1
-    separate_bpe: bool = False
-    bpe_model: Path | None = None  # reuse a joint model instead of learning one
-    min_len: int = 1
-    max_len: int = 250
+    bpe_sample: int = option(
+        "--bpe-sample", default=DEFAULT_BPE_SAMPLE, show_default=True,
+        help="Learn BPE on at most this many sentences (a seeded random sample; both languages count "
+             "for joint BPE); bounds memory on large corpora. 0: all.")
+    bpe_seed: int = option("--bpe-seed", default=1, show_default=True, help="Seed of the BPE sentence sample.")
+    separate_bpe: bool = flag_option("--separate-bpe",
+                                     help="Learn one BPE model per language instead of a joint one.")
+    bpe_model: Path | None = option(  # reuse a joint model instead of learning one
+        "--bpe-model", default=None, type=str, to_value=optional_path,
+        help="Reuse this (joint) sentencepiece model instead of learning one.")
+    min_len: int = option("--min-len", default=1, show_default=True,
+                          help="Drop training pairs with a side shorter than this (tokens, before BPE).")
+    max_len: int = option("--max-len", default=250, show_default=True,
+                          help="Drop training pairs with a side longer than this (tokens, before BPE).")
     # Moses' clean-corpus-n default; fairseq's WMT14 recipe uses 1.5.
-    max_ratio: float = 9.0
-    force: bool = False
+    max_ratio: float = option(
+        "--max-ratio", default=9.0, show_default=True,
+        help="Drop training pairs whose length ratio exceeds this (Moses clean-corpus-n; fairseq's WMT recipe "
+             "uses 1.5).")
+    force: bool = flag_option("--force",
+                              help="Replace a --destdir that holds a different dataset.")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -331,35 +463,126 @@ class PreprocessConfig:
             )
 
 
+@dataclass(frozen=True)
+class LearnBpeConfig:
+    """`nmt learn-bpe`: the BPE stage of `nmt preprocess` on its own."""
+
+    inputs: tuple[str, ...] = option(
+        "--input", multiple=True, required=True,
+        help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files; - for stdin.")
+    vocab_size: int = option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
+    model_prefix: str = option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
+    sample: int = option("--sample", default=DEFAULT_BPE_SAMPLE, show_default=True,
+                         help="Learn on at most this many sentences (a seeded random sample; 0: all).")
+    seed: int = option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
+
+    def __post_init__(self) -> None:
+        if self.sample < 0:
+            raise NmtError(f"--sample must be >= 0 (0: all sentences; got {self.sample})")
+        from nmt_cli.text.bpe import check_sentencepiece_sizes
+
+        check_sentencepiece_sizes(self.vocab_size, self.sample, "--vocab-size", "--sample")
+        check_seed(self.seed)
+
+
+@dataclass(frozen=True)
+class ApplyBpeConfig:
+    """`nmt apply-bpe`: segment text with a BPE model, or undo it."""
+
+    model: str = option("--model", required=True, help="sentencepiece model (e.g. data-bin/bpe.model).")
+    input_path: str = option("--input", default="-", show_default=True, help="Input text file; - for stdin.")
+    output_path: str = option("--output", default="-", show_default=True, help="Output text file; - for stdout.")
+    decode: bool = flag_option("--decode", help="Undo BPE: space-separated pieces in, tokenized text out.")
+
+
+@dataclass(frozen=True)
+class BinarizeConfig:
+    """`nmt binarize`: already-segmented text and an existing dictionary -> PREFIX.bin/.idx."""
+
+    dict_path: str = option("--dict", required=True, help="Dictionary (dict.LANG.txt of a data-bin/).")
+    input_path: str = option("--input", required=True, help="Segmented text (BPE pieces separated by spaces).")
+    output_prefix: str = option(
+        "--output-prefix", required=True,
+        help="Write PREFIX.bin and PREFIX.idx (e.g. data-bin/test1.en-de.en to add a test set).")
+    workers: int = option("--workers", default=1, show_default=True, help="Processes to binarize with.")
+
+    def __post_init__(self) -> None:
+        check_cpu_count("--workers", self.workers)
+
+
 # --- scoring (nmt score) ---------------------------------------------------------------
 
 SCORE_METRICS = ("bleu", "chrf", "ter")
 HYP_FORMATS = ("auto", "text", "jsonl")
 
 
+def split_metrics(value: str) -> tuple[str, ...]:
+    """`--metrics bleu,chrF` -> ("bleu", "chrf")."""
+    return tuple(name.strip().lower() for name in value.split(",") if name.strip())
+
+
+def _bleu_tokenizers() -> list[str]:
+    from nmt_cli.scoring.sacre import bleu_tokenizers
+
+    return bleu_tokenizers()
+
+
 @dataclass(frozen=True)
 class ScoreConfig:
     """What `nmt score` compares and reports. Paths may be `-` (stdin) for one hypothesis stream."""
 
-    refs: tuple[str, ...]
-    hyp: str = "-"
-    hyp_format: str = "auto"
-    metrics: tuple[str, ...] = ("bleu",)
-    # sacreBLEU's BLEU options (`--tokenize` choices are checked against sacreBLEU by the CLI).
-    tokenize: str = "13a"
-    lowercase: bool = False
-    width: int = 1
+    refs: tuple[str, ...] = option(
+        "--ref", "-r", required=True, multiple=True, metavar="FILE",
+        help="Reference translations, one per line (detokenized). Repeat for several references.")
+    hyp: str = option(
+        "--hyp", "-i", default="-", show_default=True, metavar="FILE",
+        help="Hypotheses (detokenized): plain text or `nmt translate --output-format jsonl`; - reads stdin.")
+    hyp_format: str = option(
+        "--hyp-format", default="auto", choices=HYP_FORMATS, show_default=True,
+        help="auto: JSON lines when the first line is a JSON object with a \"hyp\" or \"text\" field.")
+    metrics: tuple[str, ...] = option("--metrics", "-m", default=("bleu",), cli_default="bleu", show_default=True,
+                                      to_value=split_metrics,
+                                      help=f"Comma-separated sacreBLEU metrics: {','.join(SCORE_METRICS)}.")
+    # sacreBLEU's BLEU options (`--tokenize` choices are sacreBLEU's own).
+    tokenize: str = option("--tokenize", default="13a", choices=_bleu_tokenizers, show_default=True,
+                           help="sacreBLEU's BLEU tokenizer (as `sacrebleu --tokenize`).")
+    lowercase: bool = flag_option(
+        "--lowercase", "-lc",
+        help="Case-insensitive sacreBLEU BLEU (as `sacrebleu -lc`); chrF, TER and tokenized BLEU "
+             "keep their defaults (tokenized BLEU is case-sensitive, as in the papers).")
+    width: int = option("--width", "-w", default=1, type=int, show_default=True,
+                        help="Decimals printed for sacreBLEU scores (as `sacrebleu --width`).")
     # Paper-comparable tokenized BLEU (multi-bleu.perl).
-    tokenized_bleu: bool = False
-    target_lang: str | None = None
-    already_tokenized: bool = False
-    compound_split: bool = False
-    sentence_level: bool = False
-    output_json: bool = False
+    tokenized_bleu: bool = flag_option(
+        "--tokenized-bleu",
+        help="Also report paper-style BLEU: Moses-tokenize hypotheses and references, then "
+             "multi-bleu.perl (case-sensitive, no smoothing).")
+    target_lang: str | None = option(
+        "--target-lang", "-t", default=None, metavar="LANG",
+        help="Language of the hypotheses, for the Moses tokenizer of --tokenized-bleu (e.g. de, fr).")
+    already_tokenized: bool = flag_option(
+        "--already-tokenized",
+        help="With --tokenized-bleu: the inputs are already Moses-tokenized; only split on spaces.")
+    compound_split: bool = flag_option(
+        "--compound-split",
+        help="With --tokenized-bleu: split hyphenated compounds (a-b -> a ##AT##-##AT## b) in both "
+             "hypotheses and references, as tensor2tensor's get_ende_bleu.sh (En-De only).")
+    sentence_level: bool = flag_option(
+        "--sentence-level", "-sl",
+        help="One score per hypothesis line (BLEU with effective order, as `sacrebleu -sl`).")
+    output_json: bool = flag_option(
+        "--json",
+        help="JSON output: a list of sacreBLEU-style results; with --sentence-level one object per line.")
     # Paired bootstrap resampling against a second system.
-    compare: str | None = None
-    paired_bs_n: int = 1000
-    seed: int = 12345
+    compare: str | None = option(
+        "--compare", default=None, metavar="FILE",
+        help="A second system's hypotheses: paired bootstrap resampling (sacreBLEU's --paired-bs), "
+             "--hyp being the baseline. Prints both scores, their bootstrap mean and 95% interval, "
+             "and the p-value (identical outputs: p = 1).")
+    paired_bs_n: int = option("--paired-bs-n", default=1000, type=int, show_default=True,
+                              help="Number of bootstrap resamples for --compare.")
+    seed: int = option("--seed", default=12345, type=int, show_default=True,
+                       help="Random seed of the bootstrap resampling (sacreBLEU's default; >= 1).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -396,15 +619,25 @@ class ScoreConfig:
 # --- checkpoint averaging (nmt average) -------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # keywords only: fields in the order of `nmt average --help`
 class AverageConfig:
     """Which checkpoints `nmt average` reads (explicit files, or the last N of a run directory) and where it writes."""
 
-    inputs: tuple[str, ...]
-    output: str
-    num_update_checkpoints: int | None = None
-    num_epoch_checkpoints: int | None = None
-    checkpoint_upper_bound: int | None = None
+    inputs: tuple[str, ...] = option(
+        "--inputs", required=True, multiple=True, metavar="PATH",
+        help="Checkpoint files to average (repeat the flag, or list several after it), or with "
+             "--num-update-checkpoints / --num-epoch-checkpoints one run directory.")
+    num_update_checkpoints: int | None = option(
+        "--num-update-checkpoints", default=None, type=int, metavar="N",
+        help="Average the last N checkpoint_{EPOCH}_{UPDATES}.pt files of the run directory, by update count.")
+    num_epoch_checkpoints: int | None = option(
+        "--num-epoch-checkpoints", default=None, type=int, metavar="N",
+        help="Average the last N checkpoint{EPOCH}.pt files of the run directory, by epoch.")
+    checkpoint_upper_bound: int | None = option(
+        "--checkpoint-upper-bound", default=None, type=int, metavar="NUM",
+        help="Ignore checkpoints numbered above NUM (an update count or an epoch, as selected).")
+    output: str = option("--output", "-o", required=True, metavar="FILE",
+                         help="Where to write the averaged checkpoint (written atomically).")
 
     @property
     def num_last(self) -> int | None:
@@ -434,7 +667,25 @@ LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")
 BEST_CHECKPOINT_METRICS = ("loss", "nll")
 
 
-@dataclass(frozen=True)
+def parse_betas(text: str) -> tuple[float, float]:
+    """`"(0.9, 0.98)"`, `"0.9,0.98"` or `"0.9 0.98"` -> (0.9, 0.98)."""
+    numbers = [n for n in re.split(r"[\s,()\[\]]+", text) if n]
+    try:
+        values = tuple(float(n) for n in numbers)
+    except ValueError:
+        values = ()
+    if len(values) != 2:
+        raise NmtError(f"--adam-betas {text!r}: expected two numbers such as '(0.9, 0.98)'")
+    return values  # type: ignore[return-value]
+
+
+def _parse_duration(text: str) -> float:
+    from nmt_cli.train.log import parse_duration  # imported when used: it loads rich
+
+    return parse_duration(text)
+
+
+@dataclass(frozen=True, kw_only=True)  # keywords only: fields in the order of `nmt train --help`
 class TrainConfig:
     """Everything `nmt train` needs besides the model's own ModelConfig.
 
@@ -443,51 +694,101 @@ class TrainConfig:
     Interval and limit fields use 0 for "off"; `keep_*` use -1 for "keep all".
     """
 
-    data: str
-    save_dir: str
-    arch: str = "transformer_base"
-    source_lang: str | None = None
-    target_lang: str | None = None
-    train_subset: str = "train"
-    valid_subset: str = "valid"
+    data: str = option(argument=True, path="dir", metavar="DATA_BIN")
+    arch: str = option("--arch", "-a", default="transformer_base",
+                       help="Architecture preset (see `nmt info --arch NAME`).")
+    save_dir: str = option(
+        "--save-dir", required=True,
+        help="Run directory for checkpoints, train_log.jsonl and config.json. If it holds checkpoint_last.pt, "
+             "training resumes from it (on the same data-bin only). One training run at a time may use it (a "
+             "lock, .NAME.lock beside it, says which process has it). Under torchrun only global rank 0 writes; a "
+             "rank whose --save-dir lacks checkpoint_last.pt is sent rank 0's, and a rank holding another one than "
+             "rank 0's (or one while rank 0 has none) stops training with an error.")
+    source_lang: str | None = option("--source-lang", "-s", default=None,
+                                     help="Source language [default: the data-bin's meta.json].")
+    target_lang: str | None = option("--target-lang", "-t", default=None,
+                                     help="Target language [default: the data-bin's meta.json].")
+    train_subset: str = option("--train-subset", default="train", help="Split to train on.")
+    valid_subset: str = option("--valid-subset", default="valid", help="Split to validate on.")
     # Batching: padded tokens per batch, sentences per batch, accumulation.
-    max_tokens: int | None = 4096
-    batch_size: int | None = None
-    required_batch_size_multiple: int = 8
-    update_freq: int = 1
+    max_tokens: int | None = option("--max-tokens", default=4096, type=int,
+                                    help="Padded tokens per batch: batch size * max(source length, target length).")
+    batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
+                                    help="Most sentences per batch.")
+    required_batch_size_multiple: int = option(
+        "--required-batch-size-multiple", default=8, type=int,
+        help="Round batch sizes down to a multiple of this (fast matrix shapes).")
+    update_freq: int = option("--update-freq", default=1, type=int,
+                              help="Accumulate gradients over N batches per update (N times the batch, same memory).")
     # Optimisation.
-    lr: float = 5e-4
-    lr_scheduler: str = "inverse_sqrt"
-    warmup_updates: int = 4000
-    warmup_init_lr: float = 0.0
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0
-    label_smoothing: float = 0.1
+    lr: float = option("--lr", default=5e-4, type=float,
+                       help="Peak learning rate (inverse_sqrt, fixed), or multiplier of the paper's formula (noam).")
+    lr_scheduler: str = option(
+        "--lr-scheduler", default="inverse_sqrt", choices=LR_SCHEDULERS,
+        help="inverse_sqrt: linear warm-up to --lr, then lr*sqrt(warmup/step) (fairseq). "
+             "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (the paper). fixed: constant --lr.")
+    warmup_updates: int = option("--warmup-updates", default=4000, type=int, help="Warm-up updates of the schedule.")
+    warmup_init_lr: float = option("--warmup-init-lr", default=0.0, type=float,
+                                   help="Learning rate at the start of inverse_sqrt warm-up.")
+    adam_betas: tuple[float, float] = option(
+        "--adam-betas", default=(0.9, 0.98), cli_default="(0.9, 0.98)", to_value=parse_betas,
+        help="Adam beta1 and beta2, e.g. '(0.9, 0.98)' or '0.9 0.98'.")
+    adam_eps: float = option("--adam-eps", default=1e-9, type=float, help="Adam epsilon.")
+    weight_decay: float = option("--weight-decay", "--wd", default=0.0, type=float,
+                                 help="Decoupled weight decay (AdamW).")
+    clip_norm: float = option("--clip-norm", default=0.0, type=float,
+                              help="Clip the gradient norm to this value (0: no clipping).")
+    label_smoothing: float = option(
+        "--label-smoothing", default=0.1, type=float,
+        help="Label smoothing epsilon (fairseq's formula: eps/(V-1) on every non-target symbol).")
     # Stopping.
-    max_update: int = 0
-    max_epoch: int = 0
-    max_time: float = 0.0  # seconds of this invocation
-    patience: int = 0  # validations without improvement before stopping
+    max_update: int = option("--max-update", default=0, type=int, help="Stop after this many updates (0: no limit).")
+    max_epoch: int = option("--max-epoch", default=0, type=int, help="Stop after this many epochs (0: no limit).")
+    max_time: float = option(  # seconds of this invocation
+        "--max-time", default=0.0, cli_default="0", to_value=_parse_duration,
+        help="Wall-clock budget of this invocation: seconds or e.g. 90s, 15m, 2h, 1h30m; saves a "
+             "checkpoint and stops cleanly (0: no limit).")
+    patience: int = option(  # validations without improvement before stopping
+        "--patience", default=0, type=int,
+        help="Stop when the validation metric has not improved for N validations (0: never).")
     # Validation and checkpoints.
-    validate_interval: int = 1
-    validate_interval_updates: int = 0
-    disable_validation: bool = False
-    best_checkpoint_metric: str = "loss"
-    save_interval: int = 1
-    save_interval_updates: int = 0
-    keep_last_epochs: int = -1
-    keep_interval_updates: int = -1
-    reset_optimizer: bool = False
-    reset_run: bool = False
-    finetune_from: str | None = None
+    validate_interval: int = option("--validate-interval", default=1, type=int,
+                                    help="Validate every N epochs (0: not at epoch ends).")
+    validate_interval_updates: int = option("--validate-interval-updates", default=0, type=int,
+                                            help="Also validate every N updates (0: off).")
+    disable_validation: bool = flag_option("--disable-validation",
+                                           help="Never validate (no valid split needed).")
+    best_checkpoint_metric: str = option("--best-checkpoint-metric", default="loss", choices=BEST_CHECKPOINT_METRICS,
+                                         help="Validation metric that selects checkpoint_best.pt (lower is better).")
+    save_interval: int = option("--save-interval", default=1, type=int,
+                                help="Write checkpoint{EPOCH}.pt every N epochs (0: never).")
+    save_interval_updates: int = option(
+        "--save-interval-updates", default=0, type=int,
+        help="Write checkpoint_{EPOCH}_{UPDATES}.pt and checkpoint_last.pt every N updates (0: off).")
+    keep_last_epochs: int = option("--keep-last-epochs", default=-1, type=int,
+                                   help="Keep only the newest N epoch checkpoints (-1: all).")
+    keep_interval_updates: int = option("--keep-interval-updates", default=-1, type=int,
+                                        help="Keep only the newest N update checkpoints (-1: all).")
+    reset_optimizer: bool = flag_option("--reset-optimizer",
+                                        help="When resuming: keep weights and progress, start a fresh optimizer state.")
+    reset_run: bool = flag_option(
+        "--reset-run",
+        help="Delete the earlier run in --save-dir (its checkpoints and train_log.jsonl) and train from "
+             "scratch. Without it, a --save-dir holding checkpoints or a log but no checkpoint_last.pt is refused.")
+    finetune_from: str | None = option(
+        "--finetune-from", default=None, path="file",
+        help="Start from this checkpoint's weights with a fresh optimizer and schedule "
+             "(ignored when --save-dir already holds checkpoint_last.pt).")
     # Hardware and logging.
-    seed: int = 1
-    device: str = "auto"
-    precision: str = "fp32"
-    compile: bool = False
-    log_interval: int = 100
+    seed: int = option("--seed", default=1, type=int, help="Random seed (initial weights, batch order, dropout).")
+    device: str = option("--device", default="auto", help="auto (GPU when available), cpu, cuda or cuda:N.")
+    precision: str = option(
+        "--precision", default="fp32", choices=TRAIN_PRECISIONS,
+        help="fp32 (TF32 matmuls on GPU), bf16 autocast, fp16 autocast with dynamic loss scaling, or "
+             "pure-bf16: the model runs in bf16 and the optimizer updates float32 master weights (fairseq's --bf16).")
+    compile: bool = flag_option("--compile", help="Compile the model with torch.compile.")
+    log_interval: int = option("--log-interval", default=100, type=int,
+                               help="Log training statistics every N updates.")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)

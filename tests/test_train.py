@@ -26,7 +26,7 @@ from databin_utils import reversal_data_bin, reversal_pairs, write_data_bin
 
 from nmt_cli.checkpoints.format import load_checkpoint
 from nmt_cli.cli import main
-from nmt_cli.commands.train import parse_betas
+from nmt_cli.config import parse_betas
 from nmt_cli.config import TrainConfig
 from nmt_cli.data.pairs import collate, load_data_bin
 from nmt_cli.errors import NmtError

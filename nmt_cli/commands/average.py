@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from nmt_cli.config import AverageConfig
+from nmt_cli.options import click_options, config_from_params
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--inputs", required=True, multiple=True, metavar="PATH",
-              help="Checkpoint files to average (repeat the flag, or list several after it), or with "
-                   "--num-update-checkpoints / --num-epoch-checkpoints one run directory.")
-@click.argument("more_inputs", nargs=-1, metavar="[PATH]...", type=click.Path())
-@click.option("--num-update-checkpoints", type=int, metavar="N",
-              help="Average the last N checkpoint_{EPOCH}_{UPDATES}.pt files of the run directory, by update count.")
-@click.option("--num-epoch-checkpoints", type=int, metavar="N",
-              help="Average the last N checkpoint{EPOCH}.pt files of the run directory, by epoch.")
-@click.option("--checkpoint-upper-bound", type=int, metavar="NUM",
-              help="Ignore checkpoints numbered above NUM (an update count or an epoch, as selected).")
-@click.option("--output", "-o", required=True, metavar="FILE",
-              help="Where to write the averaged checkpoint (written atomically).")
-def average(
-    inputs: tuple[str, ...],
-    more_inputs: tuple[str, ...],
-    num_update_checkpoints: int | None,
-    num_epoch_checkpoints: int | None,
-    checkpoint_upper_bound: int | None,
-    output: str,
-) -> None:
+@click_options(AverageConfig)
+@click.argument("more_inputs", nargs=-1, metavar="[PATH]...", type=click.Path())  # more --inputs, after it
+def average(**params: Any) -> None:
     """Average the parameters of several checkpoints into one (fairseq's average_checkpoints.py).
 
     Vaswani et al. (2017) decode with the average of the last 5 (base) or 20 (big)
@@ -46,13 +32,7 @@ def average(
     """
     from nmt_cli.checkpoints.average import average as run_average
 
-    cfg = AverageConfig(
-        inputs=inputs + more_inputs,
-        output=output,
-        num_update_checkpoints=num_update_checkpoints,
-        num_epoch_checkpoints=num_epoch_checkpoints,
-        checkpoint_upper_bound=checkpoint_upper_bound,
-    )
+    cfg = config_from_params(AverageConfig, params, inputs=params["inputs"] + params["more_inputs"])
     paths = run_average(cfg)
     click.echo(f"averaged {len(paths)} checkpoints into {cfg.output}:", err=True)
     for path in paths:

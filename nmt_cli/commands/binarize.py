@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
+from nmt_cli.config import BinarizeConfig
+from nmt_cli.options import click_options, config_from_params
+
 
 @click.command(name="binarize")
-@click.option("--dict", "dict_path", required=True, help="Dictionary (dict.LANG.txt of a data-bin/).")
-@click.option("--input", "input_path", required=True, help="Segmented text (BPE pieces separated by spaces).")
-@click.option("--output-prefix", required=True,
-              help="Write PREFIX.bin and PREFIX.idx (e.g. data-bin/test1.en-de.en to add a test set).")
-@click.option("--workers", default=1, show_default=True, help="Processes to binarize with.")
-def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) -> None:
+@click_options(BinarizeConfig)
+def binarize(**params: Any) -> None:
     """Binarize segmented text with an existing dictionary.
 
     Every line becomes one sentence with `</s>` appended; symbols missing from
@@ -23,14 +23,14 @@ def binarize(dict_path: str, input_path: str, output_prefix: str, workers: int) 
     """
     from nmt_cli.errors import NmtError
     from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
-    from nmt_cli.machine import check_cpu_count
     from nmt_cli.preprocess.progress import StageReporter
     from nmt_cli.preprocess.stages import JobRunner
     from nmt_cli.preprocess.workers import binarize_file
     from nmt_cli.run_lock import directory_lock
     from nmt_cli.text.reader import count_lines
 
-    check_cpu_count("--workers", workers)
+    cfg = config_from_params(BinarizeConfig, params)
+    dict_path, input_path, output_prefix, workers = cfg.dict_path, cfg.input_path, cfg.output_prefix, cfg.workers
     source, prefix = Path(input_path), file_prefix(output_prefix, "--output-prefix", (".bin", ".idx"))
     if not Path(dict_path).is_file():
         raise NmtError(f"dictionary not found: {dict_path}")

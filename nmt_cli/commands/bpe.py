@@ -5,20 +5,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
+from nmt_cli.config import ApplyBpeConfig, LearnBpeConfig
+from nmt_cli.options import click_options, config_from_params
+
 
 @click.command(name="learn-bpe")
-@click.option("--input", "inputs", multiple=True, required=True,
-              help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files; "
-                   "- for stdin.")
-@click.option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
-@click.option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
-@click.option("--sample", default=2_000_000, show_default=True,
-              help="Learn on at most this many sentences (a seeded random sample; 0: all).")
-@click.option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
-def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sample: int, seed: int) -> None:
+@click_options(LearnBpeConfig)
+def learn_bpe(**params: Any) -> None:
     """Learn a sentencepiece BPE model from tokenized text.
 
     Uses the same settings as `nmt preprocess`: model type bpe, full character
@@ -29,15 +26,12 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     """
     import itertools
 
-    from nmt_cli.config import check_seed
     from nmt_cli.errors import NmtError
     from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
-    from nmt_cli.text.bpe import BpeModel, check_sentencepiece_sizes, learn_bpe as learn
+    from nmt_cli.text.bpe import BpeModel, learn_bpe as learn
 
-    if sample < 0:
-        raise NmtError(f"--sample must be >= 0 (0: all sentences; got {sample})")
-    check_sentencepiece_sizes(vocab_size, sample, "--vocab-size", "--sample")
-    check_seed(seed)
+    cfg = config_from_params(LearnBpeConfig, params)
+    inputs, model_prefix = cfg.inputs, cfg.model_prefix
     file_prefix(model_prefix, "--model-prefix", (".model",))  # '' would write a hidden `.model`
     if inputs.count("-") > 1:
         raise NmtError("--input - (standard input) can be given only once")
@@ -45,7 +39,7 @@ def learn_bpe(inputs: tuple[str, ...], vocab_size: int, model_prefix: str, sampl
     model_path = Path(f"{model_prefix}.model")
     refuse_overwriting_inputs(model_path, [("--input", name) for name in inputs], "--model-prefix")
     make_parent_directory(model_path)
-    learn(itertools.chain.from_iterable(sources), model_path, vocab_size, sample, seed)
+    learn(itertools.chain.from_iterable(sources), model_path, cfg.vocab_size, cfg.sample, cfg.seed)
     click.echo(f"wrote {model_path} ({BpeModel(model_path).size()} pieces)")
 
 
@@ -60,11 +54,8 @@ def _input_lines(name: str) -> Iterator[str]:
 
 
 @click.command(name="apply-bpe")
-@click.option("--model", required=True, help="sentencepiece model (e.g. data-bin/bpe.model).")
-@click.option("--input", "input_path", default="-", show_default=True, help="Input text file; - for stdin.")
-@click.option("--output", "output_path", default="-", show_default=True, help="Output text file; - for stdout.")
-@click.option("--decode", is_flag=True, help="Undo BPE: space-separated pieces in, tokenized text out.")
-def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> None:
+@click_options(ApplyBpeConfig)
+def apply_bpe(**params: Any) -> None:
     """Segment tokenized text into BPE pieces (space-separated), or undo it with --decode.
 
     Streams line by line: exactly one output line per input line, in order
@@ -74,6 +65,8 @@ def apply_bpe(model: str, input_path: str, output_path: str, decode: bool) -> No
     from nmt_cli.files import published_output, refuse_overwriting_inputs
     from nmt_cli.text.bpe import BpeModel
 
+    cfg = config_from_params(ApplyBpeConfig, params)
+    model, input_path, output_path, decode = cfg.model, cfg.input_path, cfg.output_path, cfg.decode
     refuse_overwriting_inputs(output_path, [("--input", input_path), ("--model", model)])
     bpe = BpeModel(Path(model))
     lines = _input_lines(input_path)

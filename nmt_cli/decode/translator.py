@@ -25,7 +25,6 @@ from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_te
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
 from nmt_cli.host_memory import keep_freed_memory
-from nmt_cli.machine import check_cuda_device
 from nmt_cli.models.fast import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
@@ -87,15 +86,7 @@ class Translator:
     def __init__(self, cfg: TranslateConfig, warn: Callable[[str], None]) -> None:
         self.cfg = cfg
         self.warn = warn
-        self.device = torch.device(cfg.device)
-        if cfg.precision == "int8" and self.device.type != "cpu":
-            raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
-        if self.device.type == "cuda":
-            check_cuda_device(cfg.device)
-        if cfg.precision == "fp16" and self.device.type == "cpu":
-            raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
-        if cfg.cuda_graphs and self.device.type != "cuda":
-            raise NmtError("--cuda-graphs needs --device cuda")
+        self.device = torch.device(cfg.device)  # TranslateConfig has checked it against precision and graphs
         if cfg.precision == "bf16" and self.device.type == "cpu":
             reason = packed.packed_unavailable_reason(torch.bfloat16)
             if reason is not None:
