@@ -91,8 +91,19 @@ def check_run_dir_after_kill(run: Path) -> dict:
             load_checkpoint(run / name)  # raises on a truncated or partial file
         else:
             assert name in RUN_FILES or TEMP_NAME.match(name), f"unexpected file {name}"
-    last = load_checkpoint(run / "checkpoint_last.pt")["num_updates"] if "checkpoint_last.pt" in names else None
-    return {"last": last, "temp_files": sum(bool(TEMP_NAME.match(n)) for n in names)}
+    return {"last": resume_point(run, names), "temp_files": sum(bool(TEMP_NAME.match(n)) for n in names)}
+
+
+def resume_point(run: Path, names: list[str]) -> int | None:
+    """The update a restart resumes from: checkpoint_last.pt's, or, when a save's journal
+    is there (killed after the save was committed, before its renames), the update of the
+    file that the journal renames to checkpoint_last.pt."""
+    if saving_module.PENDING_SAVE in names:
+        journal = json.loads((run / saving_module.PENDING_SAVE).read_text())
+        pending = run / next(tmp for tmp, name in journal["renames"] if name == "checkpoint_last.pt")
+        if pending.exists():
+            return load_checkpoint(pending)["num_updates"]
+    return load_checkpoint(run / "checkpoint_last.pt")["num_updates"] if "checkpoint_last.pt" in names else None
 
 
 def comparable_log(run: Path) -> list[dict]:
