@@ -61,11 +61,17 @@ fi
 
 AVG=$RUN/checkpoint_avg.pt
 if [ ! -f "$AVG" ]; then
-    # A short time budget may leave fewer update checkpoints than AVERAGE.
+    # A short time budget may leave fewer update checkpoints than AVERAGE, or none (then
+    # the last checkpoint alone is the model).
     saved=$(find "$RUN" -maxdepth 1 -name 'checkpoint_*_*.pt' | wc -l)
     count=$(( saved < AVERAGE ? saved : AVERAGE ))
-    say "average the last $count checkpoints -> $AVG"
-    nmt average --inputs "$RUN" --num-update-checkpoints "$count" --output "$AVG"
+    if [ "$count" -gt 0 ]; then
+        say "average the last $count checkpoints -> $AVG"
+        nmt average --inputs "$RUN" --num-update-checkpoints "$count" --output "$AVG"
+    else
+        say "no update checkpoint yet: the last checkpoint's weights -> $AVG"
+        nmt average --inputs "$RUN/checkpoint_last.pt" --output "$AVG"
+    fi
 fi
 
 HYP=$WORK/test.hyp.de

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -364,6 +365,15 @@ def test_quickstart_reduced(tmp_path):
     assert BLEU_LINE.search(second.stdout)
     for stage in ("== preprocess", "== train", "== average", "== translate"):
         assert stage not in second.stderr
+
+    # A budget too short for one update checkpoint: the last checkpoint is the model.
+    short = tmp_path / "short"
+    for name in ("raw", "data-bin"):  # the same corpus, preprocessed once
+        shutil.copytree(tmp_path / "quickstart" / name, short / name)
+    third = run_recipe("quickstart.sh", {**env, "WORK": str(short), "MAX_UPDATE": "3", "SAVE_INTERVAL_UPDATES": "1000"})
+    assert "no update checkpoint yet" in third.stderr
+    assert BLEU_LINE.search(third.stdout), third.stdout
+    assert len((short / "test.hyp.de").read_text(encoding="utf-8").splitlines()) == 1000
 
 
 @pytest.mark.slow
