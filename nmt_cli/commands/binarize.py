@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import click
@@ -21,79 +19,8 @@ def binarize(**params: Any) -> None:
     the dictionary become `<unk>`. Prints sentences, tokens and the <unk> rate.
     The files appear only once complete (written under a temporary name first).
     """
-    from nmt_cli.errors import NmtError
-    from nmt_cli.files import file_prefix, make_parent_directory, refuse_overwriting_inputs
-    from nmt_cli.preprocess.progress import StageReporter
-    from nmt_cli.preprocess.stages import JobRunner
-    from nmt_cli.preprocess.workers import binarize_file
-    from nmt_cli.run_lock import directory_lock
-    from nmt_cli.text.reader import count_lines
+    from nmt_cli.preprocess.binarize import binarize_text
 
-    cfg = config_from_params(BinarizeConfig, params)
-    dict_path, input_path, output_prefix, workers = cfg.dict_path, cfg.input_path, cfg.output_prefix, cfg.workers
-    source, prefix = Path(input_path), file_prefix(output_prefix, "--output-prefix", (".bin", ".idx"))
-    if not Path(dict_path).is_file():
-        raise NmtError(f"dictionary not found: {dict_path}")
-    for suffix in (".bin", ".idx"):
-        refuse_overwriting_inputs(f"{prefix}{suffix}", [("--input", input_path), ("--dict", dict_path)],
-                                  "--output-prefix")
-    num_lines = count_lines(source)
-    make_parent_directory(prefix)
-    with directory_lock(prefix.parent, "the --output-prefix directory"):  # one writer per data-bin
-        _remove_files_of_killed_runs(prefix)
-        reporter = StageReporter()
-        partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
-        try:
-            with JobRunner(workers) as runner:
-                result = binarize_file(source, num_lines, Path(dict_path), partial, runner, reporter,
-                                       f"binarize {source}")
-            _publish_pair(partial, prefix)
-        except BaseException as error:
-            # Bad input (NmtError), a full disk or Ctrl-C: none may leave a partial file behind.
-            # The with-block has waited for the workers, so no part is still being written.
-            _remove_partial_files(partial)
-            if isinstance(error, OSError):
-                raise NmtError(f"cannot write {prefix}.bin/.idx: {error.strerror or error}") from None
-            raise
+    prefix, result = binarize_text(config_from_params(BinarizeConfig, params))
     unk_rate = 100 * result.unk / max(result.tokens, 1)
     click.echo(f"{prefix}: {result.sentences} sentences, {result.tokens} tokens, {unk_rate:.2f}% <unk>")
-
-
-def _publish_pair(partial: Path, prefix: Path) -> None:
-    """Move PARTIAL.bin/.idx to PREFIX.bin/.idx as a unit. The .idx says where the .bin's
-    sentences lie, so it is the record of a complete pair: the old one goes first and the
-    new one comes last. A process killed in between leaves a .bin without its .idx, which
-    readers take for a missing split (and the next binarize replaces), never a new .bin
-    read through an old .idx."""
-    from nmt_cli.staging import fsync_directory
-
-    Path(f"{prefix}.idx").unlink(missing_ok=True)
-    fsync_directory(prefix.parent)
-    os.replace(f"{partial}.bin", f"{prefix}.bin")
-    fsync_directory(prefix.parent)
-    os.replace(f"{partial}.idx", f"{prefix}.idx")
-    fsync_directory(prefix.parent)
-
-
-def _remove_files_of_killed_runs(prefix: Path) -> None:
-    """Delete the PREFIX.partial-PID files of earlier runs whose process no longer runs
-    (killed outright, they could not remove their own)."""
-    from nmt_cli.staging import leftovers_of_dead_processes
-
-    for path in leftovers_of_dead_processes(prefix.parent, f"{prefix.name}.partial-"):
-        try:
-            path.unlink()
-        except OSError:
-            pass  # not a file of ours, or gone already: leaving it loses nothing
-
-
-def _remove_partial_files(partial: Path) -> None:
-    """Delete this run's files under its temporary name: PARTIAL.bin/.idx and, when several
-    chunks were binarized, each chunk's PARTIAL.partN.bin/.idx."""
-    import glob
-
-    for path in partial.parent.glob(f"{glob.escape(partial.name)}.*"):
-        try:
-            path.unlink()
-        except OSError:
-            pass  # cleaning up must not hide the error that stopped the run
