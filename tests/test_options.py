@@ -23,6 +23,7 @@ from nmt_cli.config import (
     TranslateConfig,
 )
 from nmt_cli.errors import NmtError
+from nmt_cli.interop.fairseq.importer import ImportConfig
 from nmt_cli.options import SAME, config_from_params, flag_fields
 
 # command -> (configs its options come from, ModelConfig overrides or not, the required
@@ -36,6 +37,7 @@ COMMANDS = {
     "binarize": ((BinarizeConfig,), False, ["--dict", "dict.en.txt", "--input", "a.txt", "--output-prefix", "a"], set()),
     "score": ((ScoreConfig,), False, ["--ref", "ref.txt"], set()),
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
+    "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
     "info": ((), True, ["--arch", "transformer_tiny"],
              {"arch", "checkpoint", "vocab_size", "src_vocab_size", "tgt_vocab_size", "as_json"}),
 }
@@ -135,11 +137,7 @@ def test_translate_config_refuses_cuda_without_a_device() -> None:
         TranslateConfig(checkpoints=("a.pt",), device="cuda")
 
 
-# Its settings are ImportConfig's, beside the importer it configures.
-NOT_FROM_A_CONFIG = {"import-fairseq"}
-
-
 def test_every_command_is_checked_here() -> None:
     from nmt_cli.cli import COMMANDS as ALL_COMMANDS
 
-    assert set(ALL_COMMANDS) == set(COMMANDS) | NOT_FROM_A_CONFIG
+    assert set(ALL_COMMANDS) == set(COMMANDS)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, model_checkpoint, save_checkpoint
-from nmt_cli.config import ModelConfig
+from nmt_cli.config import ModelConfig, optional_path
 from nmt_cli.data.dictionary import SPECIALS, read_dict_lines
 from nmt_cli.errors import NmtError, where
 from nmt_cli.interop.fairseq.checkpoint import (
@@ -27,6 +27,7 @@ from nmt_cli.interop.fairseq.checkpoint import (
     recorded_language,
 )
 from nmt_cli.models.registry import build_model
+from nmt_cli.options import flag_option, option
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
@@ -162,13 +163,24 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
 
 @dataclass(frozen=True)
 class ImportConfig:
-    checkpoint: Path
-    dict_dir: Path
-    out_dir: Path
-    bpe_codes: Path | None = None
-    source_lang: str | None = None
-    target_lang: str | None = None
-    force: bool = False  # replace an out_dir that holds anything but this same import
+    """`nmt import-fairseq`: a fairseq Transformer checkpoint -> an nmt run directory."""
+
+    checkpoint: Path = option(argument=True, path="any", to_value=Path)
+    dict_dir: Path = option("--dict-dir", required=True, path="any", to_value=Path,
+                            help="Directory holding the model's dict.SRC.txt and dict.TGT.txt (its data-bin).")
+    out_dir: Path = option("--out", required=True, path="any", to_value=Path,
+                           help="Run directory to write: checkpoint.pt, meta.json, dictionaries, BPE codes.")
+    bpe_codes: Path | None = option(
+        "--bpe-codes", default=None, path="any", to_value=optional_path,
+        help="subword-nmt BPE codes the model was trained with (copied into the run); "
+             "without them `nmt translate` needs pre-segmented input (--input-format bpe).")
+    source_lang: str | None = option("--source-lang", "-s", default=None,
+                                     help="Source language (default: from the checkpoint).")
+    target_lang: str | None = option("--target-lang", "-t", default=None,
+                                     help="Target language (default: from the checkpoint).")
+    # Replace an out_dir that holds anything but this same import.
+    force: bool = flag_option(
+        "--force", help="Replace an --out directory that holds anything but this same import (its files are deleted).")
 
 
 @dataclass(frozen=True)
