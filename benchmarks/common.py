@@ -95,14 +95,19 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of `root` and all its descendants, summed (worker pools count in full)."""
-    total, stack = 0, [root]
+def process_tree(root: int) -> list[int]:
+    """`root` and all its descendants (those still running)."""
+    pids, stack = [], [root]
     while stack:
         pid = stack.pop()
-        total += _rss_bytes(pid)
+        pids.append(pid)
         stack.extend(_children(pid))
-    return total
+    return pids
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident memory of `root` and all its descendants, summed (worker pools count in full)."""
+    return sum(_rss_bytes(pid) for pid in process_tree(root))
 
 
 class PeakTreeRss:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from common import machine_line
+from common import machine_line, process_tree
 
 WMT14_EN_FR_PAIRS = 36_000_000
 SRC, TGT = "src", "tgt"
@@ -67,19 +67,6 @@ def _status_kib(pid: int, fields: tuple[str, ...]) -> dict[str, int]:
     return values
 
 
-def _tree(root: int) -> list[int]:
-    pids, stack = [], [root]
-    while stack:
-        pid = stack.pop()
-        pids.append(pid)
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                stack.extend(int(c) for c in f.read().split())
-        except OSError:
-            pass
-    return pids
-
-
 class PeakMemory:
     """Samples the summed VmRSS and RssAnon of a process tree in a thread; peaks in MiB."""
 
@@ -92,7 +79,7 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.is_set():
             rss = anon = 0
-            for pid in _tree(self.pid):
+            for pid in process_tree(self.pid):
                 status = _status_kib(pid, ("VmRSS", "RssAnon"))
                 rss, anon = rss + status["VmRSS"], anon + status["RssAnon"]
             self.rss_mib, self.anon_mib = max(self.rss_mib, rss / 1024), max(self.anon_mib, anon / 1024)

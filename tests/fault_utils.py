@@ -58,6 +58,21 @@ def assert_clean_exit(result) -> None:
 # --- files that must not run code ---------------------------------------------------------
 
 
+def nmt(args: list, input: bytes | str = b""):
+    """`nmt ARGS` in this process; it must exit without a traceback."""
+    from click.testing import CliRunner
+
+    from nmt_cli.cli import main
+
+    result = CliRunner().invoke(main, [str(a) for a in args], input=input)
+    assert_clean_exit(result)
+    return result
+
+
+def model_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 class CreatesFileWhenUnpickled:
     """A pickle payload that creates `marker` if unpickling runs its code."""
 

@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
 from databin_utils import WORDS, reversal_data_bin, reversal_pairs, write_data_bin
-from fault_utils import REPO, SUBPROCESS_ENV, assert_clean_exit, assert_one_error, tiny_run_dir
+from fault_utils import REPO, SUBPROCESS_ENV, assert_one_error, model_equal, nmt, tiny_run_dir
 
 from nmt_cli.checkpoints.format import load_checkpoint, save_checkpoint
 from nmt_cli.cli import main
@@ -46,16 +45,6 @@ RUN = [*TINY, "--max-update", "8", "--save-interval-updates", "2", "--validate-i
 @pytest.fixture(scope="module")
 def data_bin(tmp_path_factory) -> Path:
     return reversal_data_bin(tmp_path_factory.mktemp("data") / "bin", train=120, valid=20)
-
-
-def nmt(args: list, input: bytes | str = b""):
-    result = CliRunner().invoke(main, [str(a) for a in args], input=input)
-    assert_clean_exit(result)
-    return result
-
-
-def model_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def run_killed_at_rename(args: list, kill_at: Callable[[str], bool], occurrence: int = 1, before: bool = False) -> int:

@@ -22,8 +22,9 @@ from click.testing import CliRunner
 from databin_utils import reversal_data_bin
 from fault_utils import (
     ForkServer,
-    assert_clean_exit,
     assert_one_error,
+    model_equal,
+    nmt,
     tiny_checkpoint_state,
     tiny_run_dir,
     write_evil_checkpoint,
@@ -66,16 +67,6 @@ def server():
     fork_server = ForkServer()
     yield fork_server
     fork_server.close()
-
-
-def nmt(args: list, input: bytes | str = b""):
-    result = CliRunner().invoke(main, [str(a) for a in args], input=input)
-    assert_clean_exit(result)
-    return result
-
-
-def model_equal(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 # --- crash safety: train --------------------------------------------------------------------
