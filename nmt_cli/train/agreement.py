@@ -88,7 +88,12 @@ def gather(value: Any, dist: DistInfo) -> list[Any]:
 
 
 def raise_if_any_failed(error: str | None, dist: DistInfo) -> None:
-    """On every rank: NmtError naming each rank whose `error` is set."""
+    """On every rank: NmtError naming each rank whose `error` is set (in a world of one,
+    the error as it is)."""
+    if dist.world_size == 1:
+        if error is not None:
+            raise NmtError(error)
+        return
     errors = gather(error, dist)
     failed = [f"rank {rank}: {message}" for rank, message in enumerate(errors) if message is not None]
     if failed:

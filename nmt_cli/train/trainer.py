@@ -92,8 +92,6 @@ class Trainer:
             try:
                 recover_run_dir(self.save_dir, cfg, model_cfg, self.reporter.warning)
             except NmtError as error:
-                if dist.world_size == 1:
-                    raise
                 recovery_error = str(error)
         agreement.raise_if_any_failed(recovery_error, dist)
         self.data_fingerprint = data_fingerprint(self.data, self.train_split)
