@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import unittest.mock
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models.fast.dropout import set_lane_mask_dropout
 from nmt_cli.models.registry import ARCHITECTURES, resolve_config
 from nmt_cli.models.size import training_matmul_flops
-from nmt_cli.train import loss as loss_module
+from nmt_cli.train.loss import LossKernels
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.step import build_engine, train_update
 
@@ -155,26 +154,19 @@ def timed(step: Callable[[int], None], work: Workload, device: torch.device) -> 
     return work.timed_target_tokens() / elapsed, peak
 
 
-def bench_nmt_without(args, model_cfg: ModelConfig, device: torch.device, work: Workload, label: str,
-                      module, name: str, replacement) -> Result:
-    """nmt's training step with `module.name` replaced, to measure what a part of nmt
-    gains by taking it out; the row is labelled `label`."""
-    with unittest.mock.patch.object(module, name, replacement):
-        result = bench_nmt(args, model_cfg, device, work)
-    return Result(f"{result.name} ({label})", result.tokens_per_s, result.peak_mem_gib)
-
-
 def bench_nmt(args, model_cfg: ModelConfig, device: torch.device, work: Workload,
-              precision: str | None = None, lane_mask_dropout: bool = True) -> Result:
+              precision: str | None = None, lane_mask_dropout: bool = True,
+              loss_kernels: LossKernels = LossKernels.AUTO) -> Result:
     """nmt's training step; `precision`: nmt's own --precision in place of the peers'
-    (pure-bf16); `lane_mask_dropout` False: F.dropout in the model that runs."""
+    (pure-bf16); `lane_mask_dropout` False: F.dropout in the model that runs;
+    `loss_kernels`: which implementation of the loss runs."""
     if device.type == "cpu":
         keep_freed_memory()  # as `nmt train` does; the torch.nn.Transformer row, in this process, shares it
     with tempfile.TemporaryDirectory() as save_dir:
         cfg = TrainConfig(data=work.data_bin, save_dir=save_dir, arch=args.arch, precision=precision or args.precision,
                           compile=args.compile, label_smoothing=0.1, warmup_updates=4000, lr=5e-4)
         dist = DistInfo(rank=0, world_size=1, local_rank=0, device=device)
-        engine = build_engine(cfg, model_cfg, work.src_vocab, work.tgt_vocab, dist)
+        engine = build_engine(cfg, model_cfg, work.src_vocab, work.tgt_vocab, dist, loss_kernels)
         set_lane_mask_dropout(engine.working_model, lane_mask_dropout)
 
         def step(i: int) -> None:
@@ -351,8 +343,8 @@ def measure_round(args, model_cfg: ModelConfig, device: torch.device, systems: s
         if device.type == "cpu":  # measured first in this process, so the process peak is nmt's
             results[-1].peak_mem_gib = process_peak_rss_gib()
         if args.chunked_loss:  # the loss of a CPU (row chunks) in place of the fused GPU kernels
-            results.append(bench_nmt_without(args, model_cfg, device, work, "chunked loss",
-                                             loss_module, "fused_kernels", lambda logits: None))
+            result = bench_nmt(args, model_cfg, device, work, loss_kernels=LossKernels.CHUNKED)
+            results.append(Result(f"{result.name} (chunked loss)", result.tokens_per_s, result.peak_mem_gib))
         if args.torch_dropout:  # F.dropout in place of the CPU's lane masks
             result = bench_nmt(args, model_cfg, device, work, lane_mask_dropout=False)
             results.append(Result(f"{result.name} (torch dropout)", result.tokens_per_s, result.peak_mem_gib))

@@ -216,6 +216,7 @@ def test_loss_and_its_gradient_on_device_equal_cpu(device: str, dtype: torch.dty
         assert x.grad.dtype == dtype
         results.append((loss.item(), nll.item(), x.grad.cpu().float()))
     assert (loss_module.fused_kernels(logits.to(device)) is not None) == (device == "cuda")
+    assert loss_module.fused_kernels(logits.to(device), loss_module.LossKernels.CHUNKED) is None
     assert not loss_module._compile_failed
     (loss, nll, grad), (want_loss, want_nll, want_grad) = results
     assert loss == pytest.approx(want_loss, rel=1e-6) and nll == pytest.approx(want_nll, rel=1e-6)

@@ -10,7 +10,7 @@ import torch
 
 from nmt_cli.errors import NmtError
 from nmt_cli.train import loss as loss_module
-from nmt_cli.train.loss import label_smoothed_nll_loss
+from nmt_cli.train.loss import LossKernels, label_smoothed_nll_loss
 from nmt_cli.train.optim import LrSchedule, build_optimizer, inverse_sqrt_lr, noam_lr, set_lr
 
 PAD = 1
@@ -118,18 +118,13 @@ def test_low_precision_gradient_is_the_float32_one_rounded_once(monkeypatch, dty
     assert torch.equal(grads[0], grads[1].to(dtype))
 
 
-def use_uncompiled_fused_path(monkeypatch) -> None:
-    """The fused path's own formulas, run eagerly: what a CUDA device runs compiled."""
-    monkeypatch.setattr(loss_module, "fused_kernels", lambda logits: (loss_module.fused_terms, loss_module.fused_grad))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_formulas_match_the_reference(monkeypatch, dtype: torch.dtype) -> None:
-    use_uncompiled_fused_path(monkeypatch)
+def test_fused_formulas_match_the_reference(dtype: torch.dtype) -> None:
+    """The fused path's own formulas, run eagerly: what a CUDA device runs compiled."""
     B, T, V, eps = 3, 5, 13, 0.1
     logits = (torch.randn(B, T, V, generator=torch.Generator().manual_seed(7)) * 4).to(dtype).requires_grad_(True)
     target = target_with_pads(B, T, V, seed=8)
-    loss, nll = label_smoothed_nll_loss(logits, target, eps, PAD)
+    loss, nll = label_smoothed_nll_loss(logits, target, eps, PAD, LossKernels.EAGER_FUSED)
     (loss * 0.7).backward()
     ref_loss, ref_nll = naive_loss(logits.detach().double(), target, eps)
     assert loss.item() == pytest.approx(ref_loss, rel=1e-6) and nll.item() == pytest.approx(ref_nll, rel=1e-6)
@@ -145,7 +140,7 @@ def test_a_fused_loss_that_cannot_compile_falls_back_to_the_chunked_one(monkeypa
     def cannot_compile(*args):
         raise RuntimeError("no C compiler\n(a long compiler log)")
 
-    monkeypatch.setattr(loss_module, "fused_kernels", lambda logits: (cannot_compile, cannot_compile))
+    monkeypatch.setattr(loss_module, "fused_kernels", lambda logits, choice: (cannot_compile, cannot_compile))
     monkeypatch.setattr(loss_module, "_compile_failed", False)
     B, T, V = 2, 4, 9
     logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(9), requires_grad=True)

@@ -26,6 +26,7 @@ compiler fuses it with the rest.
 
 from __future__ import annotations
 
+import enum
 import functools
 import importlib.util
 import warnings
@@ -78,11 +79,22 @@ _compiled: FusedKernels | None = None
 _compile_failed = False
 
 
-def fused_kernels(logits: torch.Tensor) -> FusedKernels | None:
-    """`fused_terms` and `fused_grad` compiled, for logits on a CUDA device where Triton
-    is installed; None elsewhere or once compiling them has failed."""
+class LossKernels(enum.Enum):
+    """Which implementation computes the per-row loss terms (all give the same values)."""
+
+    AUTO = "auto"  # compiled fused kernels on a CUDA device with Triton, row chunks elsewhere
+    CHUNKED = "chunked"  # row chunks everywhere: what a CPU runs, measured on a GPU by the benchmarks
+    EAGER_FUSED = "eager-fused"  # the fused formulas uncompiled, so that a CPU can check them
+
+
+def fused_kernels(logits: torch.Tensor, choice: LossKernels = LossKernels.AUTO) -> FusedKernels | None:
+    """`fused_terms` and `fused_grad` as `choice` asks: compiled for logits on a CUDA device
+    where Triton is installed (None elsewhere or once compiling them has failed), eager,
+    or None for the chunked path."""
     global _compiled
-    if _compile_failed or not logits.is_cuda or not _have_triton():
+    if choice is LossKernels.EAGER_FUSED:
+        return fused_terms, fused_grad
+    if choice is LossKernels.CHUNKED or _compile_failed or not logits.is_cuda or not _have_triton():
         return None
     if _compiled is None:
         # torch.compile's default: the second number of rows it sees makes it compile once
@@ -117,9 +129,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """Per-row (nll, smooth) terms from logits, with a memory-light backward."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor):
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, choice: LossKernels):
         # logits (N, V) any float dtype; target (N,) int64
-        kernels = fused_kernels(logits)
+        ctx.choice = choice
+        kernels = fused_kernels(logits, choice)
         terms = _run_fused(kernels[0], logits, target) if kernels is not None else None
         if terms is not None:
             nll, smooth, log_z = terms
@@ -142,11 +155,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         # With a, b the incoming gradients of a row's nll and smooth terms:
         # d/dz_v (a * nll + b * smooth) = (a + V b) p_v - a [v = t] - b.
         logits, target, *log_z = ctx.saved_tensors
-        kernels = fused_kernels(logits) if log_z else None  # log_z: the forward pass was fused
+        kernels = fused_kernels(logits, ctx.choice) if log_z else None  # log_z: the forward pass was fused
         if kernels is not None:
             grad = _run_fused(kernels[1], logits, target, log_z[0], grad_nll, grad_smooth)
             if grad is not None:
-                return grad, None
+                return grad, None, None
         N, V = logits.shape
         grad = torch.empty_like(logits)
         in_gradient = logits.dtype == torch.float32  # the probabilities are computed in the gradient itself
@@ -171,7 +184,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             if not in_gradient:
                 grad[rows] = probs  # one cast to the gradient's dtype
             grad[rows].scatter_(1, targets, at_targets.to(grad.dtype))
-        return grad, None
+        return grad, None, None
 
 
 def label_smoothed_nll_loss(
@@ -179,6 +192,7 @@ def label_smoothed_nll_loss(
     target: torch.Tensor,
     epsilon: float,
     ignore_index: int,
+    kernels: LossKernels = LossKernels.AUTO,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed loss and summed nll (detached) over non-pad targets.
 
@@ -197,7 +211,7 @@ def label_smoothed_nll_loss(
         nll = -log_probs.gather(1, target.unsqueeze(1)).squeeze(1)
         smooth = -log_probs.sum(dim=-1)
     else:
-        nll, smooth = _SmoothedCrossEntropy.apply(logits, target)
+        nll, smooth = _SmoothedCrossEntropy.apply(logits, target, kernels)
     mask = (target != ignore_index).float()  # (N,)
     nll, smooth = nll * mask, smooth * mask
     loss = weight_nll * nll.sum() + weight_smooth * smooth.sum()

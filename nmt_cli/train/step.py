@@ -26,7 +26,7 @@ from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.data.pairs import PairDataset, collate
 from nmt_cli.models.registry import build_model
 from nmt_cli.train.distributed import DistInfo, all_reduce_sum
-from nmt_cli.train.loss import label_smoothed_nll_loss
+from nmt_cli.train.loss import LossKernels, label_smoothed_nll_loss
 from nmt_cli.train.master_weights import MasterWeights
 from nmt_cli.train.optim import LrSchedule, build_optimizer, set_lr
 from nmt_cli.train.resume_state import seed_for_update
@@ -38,10 +38,12 @@ class ModelWithLoss(nn.Module):
     """The model followed by the loss: the unit that DDP wraps and torch.compile
     compiles, so that the compiler can fuse the loss into the output projection."""
 
-    def __init__(self, model: nn.Module, label_smoothing: float, device_type: str, autocast_dtype: torch.dtype | None) -> None:
+    def __init__(self, model: nn.Module, label_smoothing: float, device_type: str, autocast_dtype: torch.dtype | None,
+                 loss_kernels: LossKernels = LossKernels.AUTO) -> None:
         super().__init__()
         self.model = model
         self.label_smoothing = label_smoothing
+        self.loss_kernels = loss_kernels
         self.device_type = device_type
         self.autocast_dtype = autocast_dtype
 
@@ -52,7 +54,7 @@ class ModelWithLoss(nn.Module):
         else:
             with torch.autocast(self.device_type, dtype=self.autocast_dtype):
                 logits = self.model(src_tokens, prev_output_tokens, src_padded=src_padded)
-        return label_smoothed_nll_loss(logits, target, self.label_smoothing, PAD_ID)
+        return label_smoothed_nll_loss(logits, target, self.label_smoothing, PAD_ID, self.loss_kernels)
 
 
 @dataclass
@@ -105,7 +107,8 @@ class UpdateStats:
     grad_norm: torch.Tensor
 
 
-def build_engine(cfg: TrainConfig, model_cfg: ModelConfig, src_vocab: int, tgt_vocab: int, dist: DistInfo) -> Engine:
+def build_engine(cfg: TrainConfig, model_cfg: ModelConfig, src_vocab: int, tgt_vocab: int, dist: DistInfo,
+                 loss_kernels: LossKernels = LossKernels.AUTO) -> Engine:
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     if dist.device.type == "cuda" and cfg.precision == "fp32":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -113,7 +116,8 @@ def build_engine(cfg: TrainConfig, model_cfg: ModelConfig, src_vocab: int, tgt_v
     model = build_model(model_cfg, src_vocab, tgt_vocab).to(dist.device)
     master = MasterWeights(model, torch.bfloat16) if cfg.precision == "pure-bf16" else None
     working = master.working if master is not None else model
-    runner: nn.Module = ModelWithLoss(working, cfg.label_smoothing, dist.device.type, AUTOCAST_DTYPES[cfg.precision])
+    runner: nn.Module = ModelWithLoss(working, cfg.label_smoothing, dist.device.type, AUTOCAST_DTYPES[cfg.precision],
+                                      loss_kernels)
     # Under pure-bf16 the update all-reduces the float32 gradient sum itself (train_update).
     if dist.world_size > 1 and master is None:
         device_ids = [dist.device.index] if dist.device.type == "cuda" else None
