@@ -661,6 +661,54 @@ class AverageConfig:
             raise NmtError("--checkpoint-upper-bound needs --num-update-checkpoints or --num-epoch-checkpoints")
 
 
+# --- describing a model (nmt info) ----------------------------------------------------------
+
+
+def _architecture_names() -> list[str]:
+    from nmt_cli.models.registry import ARCHITECTURES
+
+    return list(ARCHITECTURES)
+
+
+@dataclass(frozen=True)
+class InfoConfig:
+    """What `nmt info` describes: a named preset, with vocabulary sizes (and model options,
+    which the command passes beside it), or the model stored in a checkpoint."""
+
+    arch: str | None = option("--arch", default=None, choices=_architecture_names, help="A named architecture preset.")
+    checkpoint: str | None = option("--path", default=None, metavar="FILE",
+                                     help="A checkpoint file: describe the model stored in it.")
+    vocab_size: int | None = option("--vocab-size", default=None, type=int,
+                                    help="One (joined) vocabulary size for source and target.")
+    src_vocab_size: int | None = option("--src-vocab-size", default=None, type=int, help="Source vocabulary size.")
+    tgt_vocab_size: int | None = option("--tgt-vocab-size", default=None, type=int, help="Target vocabulary size.")
+    as_json: bool = flag_option("--json", help="Print one JSON object instead of a table.")
+
+    def __post_init__(self) -> None:
+        if (self.arch is None) == (self.checkpoint is None):
+            raise NmtError("give exactly one of --arch and --path")
+        sizes = {"--vocab-size": self.vocab_size, "--src-vocab-size": self.src_vocab_size,
+                 "--tgt-vocab-size": self.tgt_vocab_size}
+        for flag, size in sizes.items():
+            if size is not None and size < 2:
+                raise NmtError(f"{flag} must be >= 2 (got {size})")
+        given = [flag for flag, size in sizes.items() if size is not None]
+        if self.checkpoint is not None and given:
+            raise NmtError(f"--path takes no vocabulary sizes (the checkpoint has them; got {given[0]})")
+        if self.vocab_size is not None and len(given) > 1:
+            raise NmtError("give either --vocab-size or --src-vocab-size/--tgt-vocab-size, not both")
+        if (self.src_vocab_size is None) != (self.tgt_vocab_size is None):
+            raise NmtError("--src-vocab-size and --tgt-vocab-size go together")
+
+    @property
+    def src_vocab(self) -> int | None:
+        return self.vocab_size if self.vocab_size is not None else self.src_vocab_size
+
+    @property
+    def tgt_vocab(self) -> int | None:
+        return self.vocab_size if self.vocab_size is not None else self.tgt_vocab_size
+
+
 # --- training (nmt train) ----------------------------------------------------------------
 
 LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")

@@ -373,7 +373,7 @@ def test_unwritable_output_is_one_error_line(tmp_path, data_bin, command):
 
 
 def test_cli_reports_full_or_read_only_disks_in_one_line_and_keeps_bugs_visible(monkeypatch):
-    import nmt_cli.commands.info as info_module
+    import nmt_cli.models.describe as info_module
 
     def read_only(*args):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), "/data/run/checkpoint_last.pt")

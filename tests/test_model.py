@@ -749,9 +749,13 @@ def test_info_rejects_bad_flag_combinations() -> None:
     runner = CliRunner()
     result = runner.invoke(main, ["info", "--arch", "transformer_tiny", "--vocab-size", "30",
                                   "--src-vocab-size", "30"])
-    assert result.exit_code == 2 and "not both" in result.output
+    assert result.exit_code == 1 and result.output.startswith("error: ") and "not both" in result.output
     result = runner.invoke(main, ["info"])
-    assert result.exit_code == 2 and "exactly one of --arch and --path" in result.output
+    assert result.exit_code == 1 and "exactly one of --arch and --path" in result.output
+    result = runner.invoke(main, ["info", "--path", "run/checkpoint_best.pt", "--encoder-layers", "2"])
+    assert result.exit_code == 1 and "--path takes no model options" in result.output
+    result = runner.invoke(main, ["info", "--arch", "transformer_tiny", "--vocab-size", "1"])
+    assert result.exit_code == 1 and "--vocab-size must be >= 2" in result.output
     result = runner.invoke(main, ["info", "--arch", "transformer_tiny", "--src-vocab-size", "30",
                                   "--tgt-vocab-size", "40", "--share-all-embeddings"])
     assert result.exit_code == 1

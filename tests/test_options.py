@@ -15,6 +15,7 @@ from nmt_cli.config import (
     AverageConfig,
     BinarizeConfig,
     DecodeConfig,
+    InfoConfig,
     LearnBpeConfig,
     ModelConfig,
     PreprocessConfig,
@@ -38,8 +39,7 @@ COMMANDS = {
     "score": ((ScoreConfig,), False, ["--ref", "ref.txt"], set()),
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
     "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
-    "info": ((), True, ["--arch", "transformer_tiny"],
-             {"arch", "checkpoint", "vocab_size", "src_vocab_size", "tgt_vocab_size", "as_json"}),
+    "info": ((InfoConfig,), True, [], set()),
 }
 
 
