@@ -837,6 +837,12 @@ class TrainConfig:
     compile: bool = flag_option("--compile", help="Compile the model with torch.compile.")
     log_interval: int = option("--log-interval", default=100, type=int,
                                help="Log training statistics every N updates.")
+    # Watching a run (train/tensorboard.py, train/live.py).
+    tensorboard_logdir: str | None = option(
+        "--tensorboard-logdir", default=None, metavar="DIR",
+        help="Also write the train and valid records of train_log.jsonl as TensorBoard scalars to DIR "
+             "(global rank 0 only; a resumed run replaces what was written after its checkpoint). "
+             "Needs the extra: pip install 'nmt-cli[tensorboard]'.")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -877,3 +883,21 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+PLOT_FORMATS = (".png", ".svg", ".html")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlotConfig:
+    """Which runs `nmt plot` draws and where (nmt_cli/train/plot.py)."""
+
+    runs: tuple[str, ...] = option(argument=True, multiple=True, metavar="RUN...")
+    output: str = option("--output", "-o", required=True, metavar="FILE",
+                         help="The figure: .png or .svg (an image), or .html (a page holding the SVG).")
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise NmtError("nmt plot needs at least one RUN (a run directory or its train_log.jsonl)")
+        if Path(self.output).suffix.lower() not in PLOT_FORMATS:
+            raise NmtError(f"--output {self.output!r} must end in {', '.join(PLOT_FORMATS)} (the figure's format)")

@@ -84,7 +84,8 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
     params = []
     for field, flag in flag_fields(config_class):
         if flag.argument:
-            params.append(click.argument(field.name, metavar=flag.metavar, type=_click_type(flag, field, False)))
+            many = {"nargs": -1, "required": True} if flag.multiple else {}  # one or more
+            params.append(click.argument(field.name, metavar=flag.metavar, type=_click_type(flag, field, False), **many))
             continue
         default = flag.cli_default if flag.cli_default is not SAME else field.default
         if default is dataclasses.MISSING:  # a field without a default: its flag is required

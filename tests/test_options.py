@@ -18,6 +18,7 @@ from nmt_cli.config import (
     InfoConfig,
     LearnBpeConfig,
     ModelConfig,
+    PlotConfig,
     PreprocessConfig,
     ScoreConfig,
     TrainConfig,
@@ -39,6 +40,7 @@ COMMANDS = {
     "score": ((ScoreConfig,), False, ["--ref", "ref.txt"], set()),
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
     "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
+    "plot": ((PlotConfig,), False, ["run", "-o", "curves.png"], set()),
     "info": ((InfoConfig,), True, [], set()),
 }
 

@@ -39,7 +39,7 @@ from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.resume_state import Progress
 
 # Settings that may differ from node to node: paths and devices.
-LOCAL_SETTINGS = ("data", "save_dir", "device")
+LOCAL_SETTINGS = ("data", "save_dir", "device", "tensorboard_logdir")
 BROADCAST_CHUNK = 64 * 2**20  # bytes per broadcast: bounds the extra memory on every rank
 REMEDY = ("every rank must resume from rank 0's checkpoint: remove the other ranks' checkpoint_last.pt "
           "(rank 0's is then sent to them) or replace it with a copy of rank 0's")

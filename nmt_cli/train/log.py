@@ -15,6 +15,7 @@ from rich.console import Console
 
 from nmt_cli.errors import NmtError, where
 from nmt_cli.staging import replace_atomically
+from nmt_cli.train.live import Limits, LiveProgress, format_duration
 
 LOG_NAME = "train_log.jsonl"
 
@@ -73,11 +74,27 @@ def _read_records(path: Path, keep_records: int) -> list[bytes]:
 
 
 class Reporter:
-    """Progress lines on stderr (rich adds colour on a terminal, plain text otherwise)."""
+    """Progress lines on stderr (rich adds colour on a terminal, plain text otherwise), and
+    on a terminal the live status line below them (`train/live.py`)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.live: LiveProgress | None = None
+
+    def start_live(self, limits: Limits, start_time: float, start_updates: int) -> None:
+        """Show the live status line, when stderr is a terminal (never on other ranks)."""
+        if self.enabled and self.console.is_terminal and self.live is None:
+            self.live = LiveProgress(self.console, limits, start_time, start_updates)
+
+    def updated(self, num_updates: int, epoch: int) -> None:
+        if self.live is not None:
+            self.live.update(num_updates, epoch)
+
+    def stop_live(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
 
     def info(self, message: str) -> None:
         if self.enabled:
@@ -104,6 +121,8 @@ class Reporter:
         if eta_seconds is not None:
             parts.append(f"eta {format_duration(eta_seconds)}")
         self.info(" | ".join(parts))
+        if self.live is not None:
+            self.live.logged(record["loss"], record["lr"], record["tokens_per_s"])
 
     def valid_line(self, record: dict[str, Any]) -> None:
         best = record.get("best")
@@ -116,12 +135,6 @@ class Reporter:
 
 def per_token_bits(total_nats: float, tokens: int) -> float:
     return total_nats / max(tokens, 1) / math.log(2)
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 def parse_duration(text: str) -> float:

@@ -27,6 +27,7 @@ from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
+from nmt_cli.train.live import Limits, eta_seconds
 from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.resume_state import (
     Progress,
@@ -47,6 +48,7 @@ from nmt_cli.train.saving import (
     write_checkpoints,
 )
 from nmt_cli.train.step import build_engine, evaluate, train_update
+from nmt_cli.train.tensorboard import TensorBoardLog, require_tensorboard
 from nmt_cli.train.window import Window
 
 MAX_CONSECUTIVE_OOM = 5
@@ -68,7 +70,11 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig) -> TrainResult:
     try:
         # One writer per run directory; the other ranks write nothing there.
         with directory_lock(Path(cfg.save_dir), "--save-dir") if dist.is_main else nullcontext():
-            return Trainer(cfg, model_cfg, dist).run()
+            trainer = Trainer(cfg, model_cfg, dist)
+            try:
+                return trainer.run()
+            finally:
+                trainer.close()
     finally:
         distributed.teardown(dist)
 
@@ -90,6 +96,8 @@ class Trainer:
         recovery_error = None
         if dist.is_main:
             try:
+                if cfg.tensorboard_logdir:  # only rank 0 writes it; a missing extra stops every rank now
+                    require_tensorboard()
                 recover_run_dir(self.save_dir, cfg, model_cfg, self.reporter.warning)
             except NmtError as error:
                 recovery_error = str(error)
@@ -111,6 +119,9 @@ class Trainer:
         self.log = MetricsLog(self.save_dir / LOG_NAME, dist.is_main, self.progress.log_records)
         if self.log.missing_records:
             self.reporter.warning(f"{self.log.path} lacks {self.log.missing_records} earlier record(s); appending")
+        # Fed the records of train_log.jsonl; scalars an interrupted run wrote after its checkpoint are purged.
+        self.tensorboard = (TensorBoardLog(Path(cfg.tensorboard_logdir), self.progress.num_updates)
+                            if cfg.tensorboard_logdir and dist.is_main else None)
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
         check_update_freq(cfg.update_freq, dist.world_size, len(self.batches))
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
@@ -216,6 +227,7 @@ class Trainer:
         params = sum(p.numel() for p in self.engine.model.parameters())
         self.reporter.info(f"model {cfg.arch}: {params:,} parameters; {self.dist.world_size} process(es) on {self.engine.device}, {cfg.precision}")
         stop = self._limit_reached()
+        self.reporter.start_live(Limits(cfg.max_update, cfg.max_time), self.start_time, self.start_updates)
         while not stop:
             stop = self._run_epoch()
         if self.skipped_oom:
@@ -244,6 +256,7 @@ class Trainer:
             if stats is None:
                 continue
             progress.num_updates += 1
+            self.reporter.updated(progress.num_updates, progress.epoch)
             self.window.add(stats, update_ntokens, progress.num_updates, self.engine.scaler is not None)
             stop = self._after_update()
             if stop:
@@ -334,12 +347,10 @@ class Trainer:
             record["loss_scale"] = self.engine.scaler.get_scale()
             if record["loss_scale"] < 1e-4:
                 raise NmtError(f"fp16 loss scale fell to {record['loss_scale']:g} by update {n}: training diverged")
-        etas = []  # seconds until each limit that is set
-        if self.cfg.max_update and n > self.start_updates:
-            etas.append((now - self.start_time) / (n - self.start_updates) * (self.cfg.max_update - n))
-        if self.cfg.max_time:
-            etas.append(max(0.0, self.cfg.max_time - (now - self.start_time)))
-        eta = min(etas, default=None)
+        if self.engine.device.type == "cuda":
+            record["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(self.engine.device) / 2**30
+        eta = eta_seconds(Limits(self.cfg.max_update, self.cfg.max_time), now - self.start_time,
+                          n - self.start_updates, n)
         self.reporter.train_line(record, eta)
         self._write_record(record)
         self.window = Window.start(self.engine.device)
@@ -351,6 +362,14 @@ class Trainer:
     def _write_record(self, record: dict[str, Any]) -> None:
         self.log.write(record)
         self.progress.log_records += 1
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
+    def close(self) -> None:
+        """Stop the live display (so that a final error line shows below it) and close the TensorBoard log."""
+        self.reporter.stop_live()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def _validate(self) -> bool:
         """Validate, update best metric and patience; True when this is the best so far."""
@@ -366,6 +385,7 @@ class Trainer:
             self.progress.patience_counter += 1
         record = {"type": "valid", "subset": self.cfg.valid_subset, "epoch": self.progress.epoch,
                   "update": self.progress.num_updates, **metrics, "best": self.progress.best_metric}
+        record["wall"] = time.monotonic() - self.start_time  # for curves against time (`nmt plot`)
         self.reporter.valid_line(record)
         self._write_record(record)
         return is_best
