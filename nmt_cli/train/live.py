@@ -72,6 +72,7 @@ class LiveProgress:
 
     def logged(self, loss: float, lr: float, tokens_per_s: float) -> None:
         self.last = LastLogged(loss, lr, tokens_per_s)
+        self.live.refresh()  # the line printed above it was just logged: show the same numbers below
 
     def stop(self) -> None:
         self.live.stop()
