@@ -895,8 +895,11 @@ class PlotConfig:
     runs: tuple[str, ...] = option(argument=True, multiple=True, metavar="RUN...")
     output: str = option("--output", "-o", required=True, metavar="FILE",
                          help="The figure: .png or .svg (an image), or .html (a page holding the SVG).")
+    dpi: int = option("--dpi", default=100, type=int, help="Resolution of a .png in dots per inch.")
 
     def __post_init__(self) -> None:
+        if not 10 <= self.dpi <= 1000:
+            raise NmtError(f"--dpi must be between 10 and 1000 (got {self.dpi})")
         if not self.runs:
             raise NmtError("nmt plot needs at least one RUN (a run directory or its train_log.jsonl)")
         if Path(self.output).suffix.lower() not in PLOT_FORMATS:

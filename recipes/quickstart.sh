@@ -84,10 +84,19 @@ fi
 
 say "score (Multi30k test2016, En->De)"
 nmt score --ref "$RAW/test.de" --hyp "$HYP"
+
+# The learning curves, when the plot extra is installed; otherwise the command that draws them.
+CURVES=$WORK/curves.png
+if nmt plot "$RUN" -o "$CURVES" 2>"$WORK/plot.err"; then
+    curves="$CURVES"
+else
+    curves="not drawn ($(tail -n 1 "$WORK/plot.err")); to draw them: pip install 'nmt-cli[plot]' && nmt plot $RUN -o $CURVES"
+fi
 cat >&2 <<EOF
 
 Done in $(( $(date +%s) - start )) s.
   data-bin:     $DATA_BIN
   checkpoints:  $RUN (averaged: $AVG)
   translations: $HYP
+  curves:       $curves
 EOF

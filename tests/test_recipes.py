@@ -360,6 +360,9 @@ def test_quickstart_reduced(tmp_path):
     assert "== train" in first.stderr
     hyp = tmp_path / "quickstart" / "test.hyp.de"
     assert len(hyp.read_text(encoding="utf-8").splitlines()) == 1000
+    curves = tmp_path / "quickstart" / "curves.png"  # drawn with the plot extra, else its command is printed
+    assert (f"curves:       {curves}" in first.stderr and curves.stat().st_size > 0) \
+        or f"nmt plot {tmp_path / 'quickstart' / 'run'} -o {curves}" in first.stderr
 
     second = run_recipe("quickstart.sh", env)
     assert BLEU_LINE.search(second.stdout)

@@ -28,9 +28,9 @@ def plot(cfg: PlotConfig) -> Path:
     figure = draw(runs, figure_type)
     suffix = Path(cfg.output).suffix.lower()
     if suffix == ".png":
-        content = _render(figure, "png")
+        content = _render(figure, "png", cfg.dpi)
     else:
-        svg = _render(figure, "svg")
+        svg = _render(figure, "svg", cfg.dpi)
         content = svg if suffix == ".svg" else html_page(svg, [run.name for run in runs])
     with published_output(cfg.output, "wb") as out:
         out.write(content)
@@ -86,11 +86,11 @@ def _line(by_update, by_time, curve: Curve, time_scale: float, colour: str, labe
         by_time.plot(*zip(*timed), style, color=colour, label=label, marker=marker, markersize=3)
 
 
-def _render(figure, file_format: str) -> bytes:
+def _render(figure, file_format: str, dpi: int) -> bytes:
     buffer = io.BytesIO()
     # No creation date in the metadata: the same logs give the same file.
     metadata = {"Date": None} if file_format == "svg" else {"Software": None}
-    figure.savefig(buffer, format=file_format, dpi=100, metadata=metadata)
+    figure.savefig(buffer, format=file_format, dpi=dpi, metadata=metadata)
     return buffer.getvalue()
 
 
