@@ -174,6 +174,13 @@ def translate(ws: Workspace, path: Path, *extra) -> list:
     return ["translate", "--path", path, "--device", "cpu", "--beam", "1", "--max-len-b", "3", *extra]
 
 
+def plot(ws: Workspace, log: bytes) -> list:
+    run = ws.root / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").write_bytes(log)
+    return ["plot", run, "-o", ws.root / "curves.png"]
+
+
 def score(ws: Workspace, ref: bytes, hyp: bytes) -> list:
     return ["score", "--ref", ws.file("ref.txt", ref), "--hyp", ws.file("hyp.txt", hyp)]
 
@@ -323,6 +330,15 @@ CASES = [
          "--output", ws.file("afile", "x\n") / "avg.pt"], ("afile/avg.pt", "a part of its directory is a file")),
     Case("average", "a loop of links as input", lambda ws: ["average", "--inputs", link_loop(ws, "loop.pt"), ws.checkpoint,
          "--output", ws.root / "avg.pt"], ("loop.pt",)),
+    # plot
+    Case("plot", "invalid UTF-8 in a log line", lambda ws: plot(ws, b'{"type": "train", "update": 1, "loss": 2.0}\n{"type": "\xc0"}\n'),
+         ("invalid UTF-8", "train_log.jsonl:2")),
+    Case("plot", "a log cut in the middle of a line", lambda ws: plot(ws, b'{"type": "train", "update": 1, "loss": 2.0}\n{"type": "tr'),
+         ("train_log.jsonl:2", "not a JSON record")),
+    Case("plot", "a run directory without a log", lambda ws: ["plot", ws.data_bin, "-o", ws.root / "c.png"],
+         ("no training log", "bin/train_log.jsonl")),
+    Case("plot", "an infinite loss", lambda ws: plot(ws, b'{"type": "valid", "update": 3, "loss": Infinity}\n'),
+         ("train_log.jsonl:1", "'loss' is inf")),
     # info
     Case("info", "truncated checkpoint", lambda ws: ["info", "--path", truncate(ws.run_copy() / "checkpoint_best.pt", 500)],
          ("truncated or corrupt", "checkpoint_best.pt")),
@@ -372,7 +388,7 @@ def test_a_model_of_10_8_layers_is_refused_at_once(shared, tmp_path):
 
 def test_every_command_is_in_the_battery():
     assert {c.command for c in CASES} == {"preprocess", "binarize", "learn-bpe", "apply-bpe", "train", "translate",
-                                          "score", "average", "info"}
+                                          "score", "average", "info", "plot"}
 
 
 # --- documented repairs: odd but valid input -----------------------------------------------------
