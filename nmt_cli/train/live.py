@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 REFRESH_PER_SECOND = 4
+BAR_WIDTH = 24
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class LiveProgress:
     """The status line of a training run; `update` once per update, `logged` per log line."""
 
     def __init__(self, console: Console, limits: Limits, start_time: float, start_updates: int) -> None:
-        self.limits = limits
+        self.console, self.limits = console, limits
         self.start_time, self.start_updates = start_time, start_updates
         self.num_updates, self.epoch = start_updates, 1
         self.last: LastLogged | None = None
@@ -85,13 +86,13 @@ class LiveProgress:
         if self.last is not None:
             parts += [f"loss {self.last.loss:.3f}", f"lr {self.last.lr:.3g}", f"tgt_tok/s {self.last.tokens_per_s:.0f}"]
         parts += [f"elapsed {format_duration(elapsed)}", f"eta {format_duration(eta) if eta is not None else '?'}"]
-        status = Text(" | ".join(parts))
+        status = Text(" | ".join(parts), no_wrap=True, overflow="ellipsis")  # one line, however narrow
         fraction = self.fraction_done(elapsed)
-        if fraction is None:
-            return status
+        if fraction is None or self.console.width < len(status) + BAR_WIDTH + 6:
+            return status  # the numbers come first; the bar only where it fits beside them
         row = Table.grid(padding=(0, 1))
-        row.add_row(ProgressBar(total=1.0, completed=fraction, width=24), Text(f"{fraction:4.0%}"), status)
-        return Group(row)
+        row.add_row(ProgressBar(total=1.0, completed=fraction, width=BAR_WIDTH), Text(f"{fraction:4.0%}"), status)
+        return row
 
     def fraction_done(self, elapsed: float) -> float | None:
         """How far along the run is towards the nearest limit, or None without a limit."""
