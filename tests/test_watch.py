@@ -309,7 +309,7 @@ def test_live_display_keeps_warnings_and_stderr_writes(capsys) -> None:
     reporter = Reporter(enabled=True)
     screen = io.StringIO()
     reporter.console = Console(file=screen, force_terminal=True, width=200, highlight=False, soft_wrap=True)
-    reporter.start_live(Limits(max_update=50, max_time=0), start_time=0.0, start_updates=0)
+    reporter.start_live(Limits(max_update=50, max_time=0), start_time=0.0, start_updates=0, epoch=1)
     reporter.updated(10, 1)
     reporter.warning("out of GPU memory in update 11; skipped its batches")
     print("a library wrote this to stderr", file=sys.stderr)

@@ -59,10 +59,10 @@ class LastLogged:
 class LiveProgress:
     """The status line of a training run; `update` once per update, `logged` per log line."""
 
-    def __init__(self, console: Console, limits: Limits, start_time: float, start_updates: int) -> None:
+    def __init__(self, console: Console, limits: Limits, start_time: float, start_updates: int, epoch: int) -> None:
         self.console, self.limits = console, limits
         self.start_time, self.start_updates = start_time, start_updates
-        self.num_updates, self.epoch = start_updates, 1
+        self.num_updates, self.epoch = start_updates, epoch
         self.last: LastLogged | None = None
         self.live = Live(console=console, get_renderable=self.render, refresh_per_second=REFRESH_PER_SECOND,
                          transient=False, redirect_stdout=False, redirect_stderr=True)

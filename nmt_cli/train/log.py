@@ -82,10 +82,10 @@ class Reporter:
         self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.live: LiveProgress | None = None
 
-    def start_live(self, limits: Limits, start_time: float, start_updates: int) -> None:
+    def start_live(self, limits: Limits, start_time: float, start_updates: int, epoch: int) -> None:
         """Show the live status line, when stderr is a terminal (never on other ranks)."""
         if self.enabled and self.console.is_terminal and self.live is None:
-            self.live = LiveProgress(self.console, limits, start_time, start_updates)
+            self.live = LiveProgress(self.console, limits, start_time, start_updates, epoch)
 
     def updated(self, num_updates: int, epoch: int) -> None:
         if self.live is not None:

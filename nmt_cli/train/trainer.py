@@ -227,7 +227,7 @@ class Trainer:
         params = sum(p.numel() for p in self.engine.model.parameters())
         self.reporter.info(f"model {cfg.arch}: {params:,} parameters; {self.dist.world_size} process(es) on {self.engine.device}, {cfg.precision}")
         stop = self._limit_reached()
-        self.reporter.start_live(Limits(cfg.max_update, cfg.max_time), self.start_time, self.start_updates)
+        self.reporter.start_live(Limits(cfg.max_update, cfg.max_time), self.start_time, self.start_updates, progress.epoch)
         while not stop:
             stop = self._run_epoch()
         if self.skipped_oom:
