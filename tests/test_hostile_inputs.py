@@ -244,6 +244,7 @@ def base_arguments(command: str, shared: dict[str, Path], tmp: Path) -> list:
         "average": ["average", "--inputs", shared["checkpoint"], shared["save"] / "checkpoint_last.pt",
                     "--output", tmp / "avg.pt"],
         "import-fairseq": ["import-fairseq", tmp / "missing.pt", "--dict-dir", tmp, "--out", tmp / "imported"],
+        "plot": ["plot", shared["save"], "-o", tmp / "c.png"],
     }[command]
 
 
