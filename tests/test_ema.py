@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -156,7 +157,10 @@ def test_sigkill_and_resume_with_ema_equals_an_uninterrupted_run(tmp_path: Path,
         else:
             final = server.run(["train", data_bin, "--save-dir", killed, *args], tmp_path / "final.log")
             assert final.status == 0, (tmp_path / "final.log").read_text()[-3000:]
-        assert kills >= 1
+        # At least one restart resumed past --ema-start-update, where the EMA is not the weights.
+        resumed = [int(m) for log in tmp_path.glob("attempt*.log")
+                   for m in re.findall(r"resumed from \S+ at update (\d+)", log.read_text())]
+        assert kills >= 1 and max(resumed, default=0) > 3, resumed
         # Validating with the EMA swapped in leaves training alone: the weights are those of
         # the same run without --ema-validate, while its valid losses are the EMA's.
         no_swap = [a for a in args if a != "--ema-validate"]
