@@ -802,7 +802,7 @@ class TrainConfig:
         help="Keep an exponential moving average of the weights in float32, saved in every checkpoint: "
              "after each update EMA = D * EMA + (1 - D) * weights (e.g. 0.9999) [default: off; 0.9999 with --store-ema].")
     ema_start_update: int = option("--ema-start-update", default=0, type=int,
-                                   help="Until this update the EMA is a copy of the weights.")
+                                   help="Through update N the EMA is a copy of the weights; it averages from update N+1 on.")
     ema_update_freq: int = option("--ema-update-freq", default=1, type=int,
                                   help="Fold the weights into the EMA every N updates.")
     store_ema: bool = flag_option("--store-ema", help="Keep the EMA (fairseq's flag; implied by --ema-decay).")

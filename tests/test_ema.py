@@ -243,3 +243,21 @@ def test_a_checkpoint_without_ema_is_one_error_line_naming_it(ema_run: Path, tmp
 def test_bad_ema_flags_are_one_error_line(tmp_path: Path, data_bin: Path, flags: list[str], fragment: str) -> None:
     result = nmt(["train", data_bin, "--save-dir", tmp_path / "run", *TINY, *flags])
     assert_one_error(result.exit_code, result.stderr, fragment)
+
+
+def test_resuming_a_checkpoint_without_ema_starts_it_from_the_weights(tmp_path: Path, data_bin: Path) -> None:
+    run = tmp_path / "run"
+    args = [*TINY, "--dropout", "0", "--save-interval-updates", "1", "--validate-interval", "0"]
+    assert nmt(["train", data_bin, "--save-dir", run, *args, "--max-update", "3"]).exit_code == 0
+    result = nmt(["train", data_bin, "--save-dir", run, *args, "--max-update", "5", "--ema-decay", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "holds no EMA weights: the EMA starts from its weights at update 3" in result.stderr
+    by_update = {updates_of(p.name): load_checkpoint(p) for p in run.glob("checkpoint_*_*.pt")}
+    assert "ema" not in by_update[3]
+    reference = naive_ema([by_update[4]["model"], by_update[5]["model"]], 0.5, 0, initial=by_update[3]["model"])
+    for key, value in reference.items():
+        torch.testing.assert_close(by_update[5]["ema"]["weights"][key].double(), value, rtol=1e-5, atol=1e-6, msg=key)
+    # And the other way round: a run without --ema-decay says that it drops the checkpoint's EMA.
+    result = nmt(["train", data_bin, "--save-dir", run, *args, "--max-update", "6"])
+    assert result.exit_code == 0 and "holds EMA weights but this run keeps none" in result.stderr
+    assert "ema" not in load_checkpoint(run / "checkpoint_last.pt")

@@ -8,9 +8,8 @@ uninterrupted one end with the same parameters and the same train_log.jsonl.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -377,7 +376,7 @@ class Trainer:
         self._write_record(record)
         return is_best
 
-    def _validation_weights(self) -> contextlib.AbstractContextManager:
+    def _validation_weights(self) -> AbstractContextManager:
         """With --ema-validate, the EMA in the model that validation runs; else nothing changes."""
         if self.ema is not None and self.cfg.ema_validate:
             return self.ema.weights_swapped_into(self.engine.working_model)
