@@ -71,8 +71,8 @@ class Ema:
             if num_updates <= settings.start_update:
                 torch._foreach_copy_(ema, new)
             elif num_updates % settings.update_freq == 0:
-                torch._foreach_mul_(ema, settings.decay)
-                torch._foreach_add_(ema, new, alpha=1.0 - settings.decay)
+                # ema + (1 - decay) * (w - ema) = decay * ema + (1 - decay) * w, in one pass
+                torch._foreach_lerp_(ema, new, 1.0 - settings.decay)
             for key in self._copied:
                 self.weights[key].copy_(current[key])
 
