@@ -136,6 +136,7 @@ def valid_losses(run: Path) -> list[float]:
             if r["type"] == "valid"]
 
 
+@pytest.mark.slow
 def test_sigkill_and_resume_with_ema_equals_an_uninterrupted_run(tmp_path: Path, data_bin: Path) -> None:
     server = ForkServer()
     try:
