@@ -262,3 +262,12 @@ def test_resuming_a_checkpoint_without_ema_starts_it_from_the_weights(tmp_path: 
     result = nmt(["train", data_bin, "--save-dir", run, *args, "--max-update", "6"])
     assert result.exit_code == 0 and "holds EMA weights but this run keeps none" in result.stderr
     assert "ema" not in load_checkpoint(run / "checkpoint_last.pt")
+
+
+def test_store_ema_alone_takes_fairseqs_decay_and_ema_decay_implies_it() -> None:
+    from nmt_cli.config import TrainConfig
+
+    assert TrainConfig(data="bin", save_dir="run").ema_decay_in_use is None
+    assert TrainConfig(data="bin", save_dir="run", store_ema=True).ema_decay_in_use == 0.9999
+    assert TrainConfig(data="bin", save_dir="run", ema_decay=0.99).ema_decay_in_use == 0.99
+    assert TrainConfig(data="bin", save_dir="run", store_ema=True, ema_decay=0.5).ema_decay_in_use == 0.5
