@@ -655,6 +655,8 @@ class AverageConfig:
             raise NmtError("--inputs needs checkpoint files or one run directory")
         if not self.output:
             raise NmtError("--output is required")
+        if "\x00" in self.output:  # no file name can hold it (os.path would raise ValueError)
+            raise NmtError("--output holds a NUL character; no file can be named so")
         if self.num_update_checkpoints is not None and self.num_epoch_checkpoints is not None:
             raise NmtError("give --num-update-checkpoints or --num-epoch-checkpoints, not both")
         for name in ("num_update_checkpoints", "num_epoch_checkpoints", "checkpoint_upper_bound"):
