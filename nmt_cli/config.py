@@ -281,6 +281,9 @@ class TranslateConfig:
              "translated and written to stdout; -o FILE is left as it was); replace substitutes U+FFFD.")
     quiet: bool = flag_option("--quiet", "-q",
                               help="No progress bar or information on stderr (warnings and errors still appear).")
+    # The checkpoints' moving average of the weights (nmt train --ema-decay) instead of their weights.
+    use_ema: bool = flag_option("--use-ema", help="Decode with the EMA weights the checkpoint(s) hold "
+                                                  "(trained with --ema-decay).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -638,6 +641,9 @@ class AverageConfig:
         help="Ignore checkpoints numbered above NUM (an update count or an epoch, as selected).")
     output: str = option("--output", "-o", required=True, metavar="FILE",
                          help="Where to write the averaged checkpoint (written atomically).")
+    # The checkpoints' moving average of the weights (nmt train --ema-decay) instead of their weights.
+    use_ema: bool = flag_option("--use-ema", help="Average the EMA weights the checkpoints hold (trained with "
+                                                  "--ema-decay); with one checkpoint, write its EMA as the model.")
 
     @property
     def num_last(self) -> int | None:
@@ -649,6 +655,8 @@ class AverageConfig:
             raise NmtError("--inputs needs checkpoint files or one run directory")
         if not self.output:
             raise NmtError("--output is required")
+        if "\x00" in self.output:  # no file name can hold it (os.path would raise ValueError)
+            raise NmtError("--output holds a NUL character; no file can be named so")
         if self.num_update_checkpoints is not None and self.num_epoch_checkpoints is not None:
             raise NmtError("give --num-update-checkpoints or --num-epoch-checkpoints, not both")
         for name in ("num_update_checkpoints", "num_epoch_checkpoints", "checkpoint_upper_bound"):
@@ -713,6 +721,7 @@ class InfoConfig:
 
 LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")
 BEST_CHECKPOINT_METRICS = ("loss", "nll")
+FAIRSEQ_EMA_DECAY = 0.9999  # --store-ema without --ema-decay, as fairseq
 
 
 def parse_betas(text: str) -> tuple[float, float]:
@@ -843,9 +852,43 @@ class TrainConfig:
         help="Also write the train and valid records of train_log.jsonl as TensorBoard scalars to DIR "
              "(global rank 0 only; a resumed run replaces what was written after its checkpoint). "
              "Needs the extra: pip install 'nmt-cli[tensorboard]'.")
+    # Exponential moving average of the weights (train/ema.py); fairseq's flags.
+    ema_decay: float | None = option(
+        "--ema-decay", default=None, type=float,
+        help="Keep an exponential moving average of the weights in float32, saved in every checkpoint: "
+             "after each update EMA = D * EMA + (1 - D) * weights (e.g. 0.9999) [default: off; 0.9999 with --store-ema].")
+    ema_start_update: int = option("--ema-start-update", default=0, type=int,
+                                   help="Through update N the EMA is a copy of the weights; it averages from update N+1 on.")
+    ema_update_freq: int = option("--ema-update-freq", default=1, type=int,
+                                  help="Fold the weights into the EMA every N updates.")
+    store_ema: bool = flag_option("--store-ema", help="Keep the EMA (fairseq's flag; implied by --ema-decay).")
+    ema_validate: bool = flag_option("--ema-validate",
+                                     help="Validate (and select checkpoint_best.pt) with the EMA weights.")
+
+    @property
+    def ema_decay_in_use(self) -> float | None:
+        """The EMA's decay, or None when no EMA is kept (fairseq's default with --store-ema alone)."""
+        if self.ema_decay is not None:
+            return self.ema_decay
+        return FAIRSEQ_EMA_DECAY if self.store_ema else None
+
+    def _check_ema(self) -> None:
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise NmtError(f"--ema-decay must be in (0, 1) (got {self.ema_decay})")
+        if self.ema_start_update < 0:
+            raise NmtError(f"--ema-start-update must be >= 0 (got {self.ema_start_update})")
+        if self.ema_update_freq < 1:
+            raise NmtError(f"--ema-update-freq must be >= 1 (got {self.ema_update_freq})")
+        if self.ema_decay_in_use is None:
+            used = [flag for flag, on in (("--ema-validate", self.ema_validate),
+                                          ("--ema-start-update", self.ema_start_update != 0),
+                                          ("--ema-update-freq", self.ema_update_freq != 1)) if on]
+            if used:
+                raise NmtError(f"{used[0]} needs --ema-decay D (or --store-ema)")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        self._check_ema()
         if self.max_tokens is None and self.batch_size is None:
             raise NmtError("set --max-tokens or --batch-size (or both)")
         positive = ("max_tokens", "batch_size", "required_batch_size_multiple", "update_freq", "log_interval")

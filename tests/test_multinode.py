@@ -32,7 +32,9 @@ MAX_UPDATE = 24
 ARGS = ["--arch", "transformer_tiny", "--max-tokens", "256", "--required-batch-size-multiple", "1",
         "--lr", "3e-3", "--warmup-updates", "20", "--log-interval", "2", "--dropout", "0.1",
         "--save-interval-updates", "4", "--validate-interval", "0", "--validate-interval-updates", "8",
-        "--device", "cpu"]
+        "--device", "cpu",
+        # The EMA too: node 1's must be rank 0's after a restart (its validation runs on it).
+        "--ema-decay", "0.9", "--ema-validate"]
 TIMEOUT = 240  # seconds for any launch: a hang fails the test instead of blocking the suite
 
 pytestmark = pytest.mark.slow
@@ -166,6 +168,8 @@ def test_two_nodes_killed_and_restarted_equal_an_uninterrupted_run(tmp_path: Pat
     resumed, uninterrupted = load_checkpoint(node0 / "checkpoint_last.pt"), load_checkpoint(straight / "checkpoint_last.pt")
     assert resumed["num_updates"] == uninterrupted["num_updates"] == MAX_UPDATE
     for (name, p), q in zip(resumed["model"].items(), uninterrupted["model"].values()):
+        assert torch.equal(p, q), name
+    for (name, p), q in zip(resumed["ema"]["weights"].items(), uninterrupted["ema"]["weights"].values()):
         assert torch.equal(p, q), name
 
 

@@ -161,7 +161,8 @@ def free_port() -> int:
 @pytest.mark.parametrize("precision", ["fp32", "pure-bf16"])  # pure-bf16 all-reduces float32 sums itself, without DDP
 def test_two_processes_equal_one_with_update_freq_2(tmp_path: Path, data_bin: Path, precision: str) -> None:
     common = [*TINY, "--dropout", "0", "--max-update", "7", "--log-interval", "1", "--validate-interval", "0",
-              "--save-interval", "0", "--device", "cpu", "--precision", precision]
+              "--save-interval", "0", "--device", "cpu", "--precision", precision,
+              "--ema-decay", "0.5", "--ema-start-update", "2"]  # every rank keeps the EMA; rank 0 saves it
     ddp_run, single_run = tmp_path / "ddp", tmp_path / "single"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
                str(free_port()), "-m", "nmt_cli", "train", str(data_bin), "--save-dir", str(ddp_run), *common]
@@ -176,6 +177,9 @@ def test_two_processes_equal_one_with_update_freq_2(tmp_path: Path, data_bin: Pa
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
     for (name, p), q in zip(final_weights(ddp_run).items(), final_weights(single_run).values()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
+    ddp_ema, single_ema = (load_checkpoint(run / "checkpoint_last.pt")["ema"]["weights"] for run in (ddp_run, single_run))
+    for name, p in ddp_ema.items():
+        torch.testing.assert_close(p, single_ema[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 # --- resume -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from nmt_cli.checkpoints.ema_weights import with_ema_as_model
 from nmt_cli.checkpoints.format import MODEL_KEYS, check_finite_weights, load_checkpoint, save_checkpoint
 from nmt_cli.checkpoints.names import EPOCH_PATTERN, UPDATE_PATTERN, epoch_of, is_training_checkpoint, updates_of
 from nmt_cli.config import AverageConfig
@@ -109,8 +110,9 @@ def tied_keys(weights: dict[str, torch.Tensor]) -> dict[str, str]:
     return aliases
 
 
-def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
-    """The averaged checkpoint of `paths` (oldest first), loading one file at a time."""
+def average_checkpoints(paths: Sequence[Path], use_ema: bool = False) -> dict[str, Any]:
+    """The averaged checkpoint of `paths` (oldest first), loading one file at a time;
+    `use_ema`: of their EMA weights (`nmt train --ema-decay`) instead of their weights."""
     if not paths:
         raise NmtError("no checkpoints to average")
     sums: dict[str, torch.Tensor] = {}  # float64 running sums of the floating-point tensors
@@ -118,6 +120,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for i, path in enumerate(paths):
         state = load_checkpoint(path)
+        if use_ema:
+            state = with_ema_as_model(state, path)
         current = fingerprint(state)
         if i == 0:
             reference = current
@@ -159,7 +163,7 @@ def average(cfg: AverageConfig) -> list[Path]:
     # Nor any training checkpoint of the runs read: an average (no optimizer state) written
     # over RUN/checkpoint_last.pt would end the run's resumability.
     refuse_overwriting_inputs(cfg.output, [("--inputs", p) for p in [*paths, *_run_checkpoints(cfg, paths)]])
-    save_checkpoint(average_checkpoints(paths), cfg.output)
+    save_checkpoint(average_checkpoints(paths, cfg.use_ema), cfg.output)
     return paths
 
 

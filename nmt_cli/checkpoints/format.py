@@ -57,6 +57,7 @@ OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
     "log_records": (int,), "train_config": (dict,), "optimizer": (dict,), "scheduler": (dict,),
     "scaler": (dict, type(None)), "iterator": (dict,), "rng": (dict,), "log_window": (dict,),
     "averaged_checkpoints": (list, tuple),
+    "ema": (dict,),
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from nmt_cli.checkpoints.ema_weights import with_ema_as_model
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.data.meta import read_meta
@@ -54,12 +55,16 @@ def dictionary_from_symbols(symbols: list[str], source: str) -> Dictionary:
     return Dictionary(symbols[len(SPECIALS) :], [1] * (len(symbols) - len(SPECIALS)))
 
 
-def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "fp32") -> LoadedModels:
+def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "fp32",
+                use_ema: bool = False) -> LoadedModels:
     """Load every checkpoint (an ensemble when several), in eval mode on `device`, with
-    the linear layers `precision` asks for (see prepare_linears)."""
+    the linear layers `precision` asks for (see prepare_linears); `use_ema`: the
+    checkpoints' EMA weights instead of their weights."""
     models, dicts, languages = [], [], None
     for path in paths:
         state = load_checkpoint(path)
+        if use_ema:
+            state = with_ema_as_model(state, path)
         model = model_from_checkpoint(state, path).to(device).eval()
         dicts.append((list(state["src_dict"]), list(state["tgt_dict"])))
         languages = languages or (str(state.get("source_lang", "")), str(state.get("target_lang", "")))

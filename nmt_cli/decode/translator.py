@@ -92,7 +92,7 @@ class Translator:
             if reason is not None:
                 warn(f"warning: --precision bf16: {reason}, so it runs under autocast (on CPUs without bf16 "
                      "instructions, slower than fp32)")
-        self.models: LoadedModels = load_models(cfg.checkpoints, self.device, cfg.precision)
+        self.models: LoadedModels = load_models(cfg.checkpoints, self.device, cfg.precision, cfg.use_ema)
         check_beam_fits(cfg.decode.beam, len(self.models.tgt_dict))  # before search allocates beam-sized buffers
         self.decoder = self.models.decoder
         # With CUDA graphs (by default on a GPU, where they decode several times faster),

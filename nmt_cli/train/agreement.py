@@ -72,10 +72,12 @@ class TrainingState:
     weights: str  # fingerprint of the model's parameters and buffers
     batch_plan: str  # fingerprint of the training batches: the data and the batching flags
     settings: tuple[tuple[str, str], ...]  # (flag, value) of every setting but LOCAL_SETTINGS
+    ema: str = ""  # fingerprint of the EMA weights (--ema-decay), "" without
 
     def describe(self) -> str:
         return (f"update {self.num_updates}, epoch {self.epoch} batch {self.batches_done}, optimizer step "
-                f"{self.optimizer_step}, weights {self.weights}, batch plan {self.batch_plan}")
+                f"{self.optimizer_step}, weights {self.weights}, batch plan {self.batch_plan}"
+                + (f", EMA {self.ema}" if self.ema else ""))
 
 
 def gather(value: Any, dist: DistInfo) -> list[Any]:
@@ -199,9 +201,11 @@ def shared_settings(cfg: TrainConfig, model_cfg: ModelConfig) -> tuple[tuple[str
 
 
 def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, progress: Progress,
-                   batches: list[np.ndarray], settings: tuple[tuple[str, str], ...]) -> TrainingState:
+                   batches: list[np.ndarray], settings: tuple[tuple[str, str], ...],
+                   ema_weights: dict[str, torch.Tensor] | None = None) -> TrainingState:
     return TrainingState(progress.num_updates, progress.epoch, progress.batches_done, optimizer_step(optimizer),
-                         fingerprint_tensors(model.state_dict()), fingerprint_batches(batches), settings)
+                         fingerprint_tensors(model.state_dict()), fingerprint_batches(batches), settings,
+                         fingerprint_tensors(ema_weights) if ema_weights is not None else "")
 
 
 def settings_differences(reference: TrainingState, other: TrainingState) -> str:

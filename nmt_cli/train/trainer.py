@@ -9,7 +9,7 @@ uninterrupted one end with the same parameters and the same train_log.jsonl.
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.live import Limits, eta_seconds
+from nmt_cli.train.ema import start_ema
 from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.resume_state import (
     Progress,
@@ -114,6 +115,7 @@ class Trainer:
         resume = shared.state
         self.engine = build_engine(cfg, model_cfg, len(self.data.src_dict), len(self.data.tgt_dict), dist)
         self.progress = self._restore(resume)
+        self.ema = start_ema(cfg, self.engine.model, resume, self.save_dir / LAST, self.reporter.warning)
         if dist.is_main:
             prepare_run_dir(self.save_dir, self.data, cfg, model_cfg)
         self.log = MetricsLog(self.save_dir / LOG_NAME, dist.is_main, self.progress.log_records)
@@ -128,7 +130,8 @@ class Trainer:
         release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
         if dist.world_size > 1:
             state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches,
-                                             agreement.shared_settings(cfg, model_cfg))
+                                             agreement.shared_settings(cfg, model_cfg),
+                                             self.ema.weights if self.ema is not None else None)
             agreement.check_ranks_agree(state, shared.origin, dist)
         self.window = self._resume_window(resume)
         self.start_time = time.monotonic()
@@ -257,6 +260,8 @@ class Trainer:
                 continue
             progress.num_updates += 1
             self.reporter.updated(progress.num_updates, progress.epoch)
+            if self.ema is not None:
+                self.ema.after_update(self.engine.model, progress.num_updates)
             self.window.add(stats, update_ntokens, progress.num_updates, self.engine.scaler is not None)
             stop = self._after_update()
             if stop:
@@ -374,7 +379,8 @@ class Trainer:
     def _validate(self) -> bool:
         """Validate, update best metric and patience; True when this is the best so far."""
         self._raise_if_loss_not_finite()
-        metrics = evaluate(self.engine, self.valid_split, self.valid_batches)
+        with self._validation_weights():
+            metrics = evaluate(self.engine, self.valid_split, self.valid_batches)
         self.progress.validated_at = self.progress.num_updates
         value = metrics[self.cfg.best_checkpoint_metric]
         best = self.progress.best_metric
@@ -389,6 +395,12 @@ class Trainer:
         self.reporter.valid_line(record)
         self._write_record(record)
         return is_best
+
+    def _validation_weights(self) -> AbstractContextManager:
+        """With --ema-validate, the EMA in the model that validation runs; else nothing changes."""
+        if self.ema is not None and self.cfg.ema_validate:
+            return self.ema.weights_swapped_into(self.engine.working_model)
+        return nullcontext()
 
     def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None) -> None:
         self._raise_if_loss_not_finite()
@@ -413,5 +425,7 @@ class Trainer:
             "log_window": log_window,
             "data_fingerprint": self.data_fingerprint,
         })
+        if self.ema is not None:
+            state["ema"] = self.ema.checkpoint_state()
         state.update(progress_to_checkpoint(self.progress, epoch))
         return state
