@@ -111,8 +111,8 @@ class ModelConfig:
                            f"lower {metric} is better (only {', '.join(MAXIMIZED_METRICS)} are maximized)")
         if metric in MAXIMIZED_METRICS and not self.eval_bleu:
             raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
-        if metric in MAXIMIZED_METRICS and self.disable_validation:
-            raise NmtError(f"--best-checkpoint-metric {metric} needs validation; drop --disable-validation")
+        if self.eval_bleu and self.disable_validation:
+            raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
         if self.keep_best_checkpoints < -1 or self.keep_best_checkpoints == 0:
             raise NmtError("--keep-best-checkpoints must be a positive count or -1 for none")
         if self.eval_bleu_subset_lines < 0:
@@ -979,8 +979,8 @@ class TrainConfig:
                            f"lower {metric} is better (only {', '.join(MAXIMIZED_METRICS)} are maximized)")
         if metric in MAXIMIZED_METRICS and not self.eval_bleu:
             raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
-        if metric in MAXIMIZED_METRICS and self.disable_validation:
-            raise NmtError(f"--best-checkpoint-metric {metric} needs validation; drop --disable-validation")
+        if self.eval_bleu and self.disable_validation:
+            raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
         if self.keep_best_checkpoints < -1 or self.keep_best_checkpoints == 0:
             raise NmtError("--keep-best-checkpoints must be a positive count or -1 for none")
         if self.eval_bleu_subset_lines < 0:

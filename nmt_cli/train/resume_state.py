@@ -12,6 +12,7 @@ and their exact values, best first, as `[name, value]` pairs) and
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt_cli.checkpoints.names import is_scored_best
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
@@ -70,11 +72,24 @@ def progress_from_checkpoint(state: dict[str, Any], path: Path) -> Progress:
             patience_counter=int(state.get("patience_counter", 0)),
             validated_at=None if state.get("validated_at") is None else int(state["validated_at"]),
             log_records=int(state.get("log_records", 0)),
-            best_checkpoints=[ScoredCheckpoint(str(name), float(value))
-                              for name, value in state.get("best_checkpoints", [])],
+            best_checkpoints=_best_checkpoints(state.get("best_checkpoints", [])),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise NmtError(f"{path} is not a training checkpoint (no resumable progress: {error!r})") from None
+
+
+def _best_checkpoints(entries: Any) -> list[ScoredCheckpoint]:
+    """The kept-best list of a checkpoint; ValueError unless it is `[[NAME, VALUE], ...]`
+    with fairseq's scored names (a file outside that pattern is never one to remove)."""
+    if not isinstance(entries, list):
+        raise ValueError(f"best_checkpoints is {type(entries).__name__}, not a list")
+    kept = []
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
+                and is_scored_best(entry[0]) and isinstance(entry[1], (int, float)) and math.isfinite(entry[1])):
+            raise ValueError(f"best_checkpoints entry {entry!r:.80} is not [checkpoint.best_METRIC_SCORE.pt, value]")
+        kept.append(ScoredCheckpoint(entry[0], float(entry[1])))
+    return kept
 
 
 @contextmanager
