@@ -6,6 +6,7 @@ Each validates itself in `__post_init__` and raises `NmtError` on bad values.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, fields
@@ -102,6 +103,55 @@ class ModelConfig:
                 raise NmtError(f"--{name.replace('_', '-')} must be in [0, 1)")
         if self.share_all_embeddings and self.encoder_embed_dim != self.decoder_embed_dim:
             raise NmtError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
+
+    def _check_eval_bleu(self) -> None:
+        metric = self.best_checkpoint_metric
+        if self.maximize_best_checkpoint_metric and metric not in MAXIMIZED_METRICS:
+            raise NmtError(f"--maximize-best-checkpoint-metric contradicts --best-checkpoint-metric {metric}: "
+                           f"lower {metric} is better (only {', '.join(MAXIMIZED_METRICS)} are maximized)")
+        if metric in MAXIMIZED_METRICS and not self.eval_bleu:
+            raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
+        if self.eval_bleu and self.disable_validation:
+            raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
+        if self.keep_best_checkpoints < -1 or self.keep_best_checkpoints == 0:
+            raise NmtError("--keep-best-checkpoints must be a positive count or -1 for none")
+        if self.eval_bleu_subset_lines < 0:
+            raise NmtError(f"--eval-bleu-subset-lines must be >= 0 (got {self.eval_bleu_subset_lines})")
+        if self.eval_bleu_detok is not None and self.eval_bleu_detok not in EVAL_BLEU_DETOK:
+            raise NmtError(f"--eval-bleu-detok {self.eval_bleu_detok} is not supported: nmt detokenizes as the "
+                           f"data-bin's meta.json says (accepted: {', '.join(EVAL_BLEU_DETOK)})")
+        self.eval_bleu_search()  # the search settings are checked as translate's are
+
+    def eval_bleu_search(self) -> DecodeConfig:
+        """The beam search of --eval-bleu: its flags, or fairseq's --eval-bleu-args JSON."""
+        values = {key: getattr(self, name) for key, name in EVAL_BLEU_ARGS.items()}
+        if self.eval_bleu_args is not None:
+            try:
+                given = json.loads(self.eval_bleu_args)
+            except ValueError as error:
+                raise NmtError(f"--eval-bleu-args {self.eval_bleu_args!r} is not JSON ({error})") from None
+            if not isinstance(given, dict):
+                raise NmtError(f"--eval-bleu-args must be a JSON object such as '{{\"beam\": 5}}' (got {self.eval_bleu_args!r})")
+            unknown = sorted(set(given) - set(EVAL_BLEU_ARGS))
+            if unknown:
+                raise NmtError(f"--eval-bleu-args: {', '.join(unknown)} not supported by nmt (it takes "
+                               f"{', '.join(EVAL_BLEU_ARGS)})")
+            defaults = {f.name: f.default for f in fields(self)}
+            for key, value in given.items():
+                name = EVAL_BLEU_ARGS[key]
+                expected = int if key in ("beam", "max_len_b") else (int, float)
+                if isinstance(value, bool) or not isinstance(value, expected):
+                    raise NmtError(f"--eval-bleu-args: {key} must be a number (got {json.dumps(value)})")
+                flag_value = getattr(self, name)
+                if flag_value != defaults[name] and flag_value != value:
+                    raise NmtError(f"--eval-bleu-args gives {key} {value} but --{name.replace('_', '-')} is "
+                                   f"{flag_value}; give one of them")
+                values[key] = value
+        try:
+            return DecodeConfig(beam=values["beam"], lenpen=float(values["lenpen"]),
+                                max_len_a=float(values["max_len_a"]), max_len_b=values["max_len_b"])
+        except NmtError as error:  # DecodeConfig names translate's flags
+            raise NmtError(f"--eval-bleu search settings: {error}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -720,7 +770,14 @@ class InfoConfig:
 # --- training (nmt train) ----------------------------------------------------------------
 
 LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")
-BEST_CHECKPOINT_METRICS = ("loss", "nll")
+BEST_CHECKPOINT_METRICS = ("loss", "nll", "bleu", "chrf")
+# Metrics where higher is better (selected by --eval-bleu's scores); the others are minimized.
+MAXIMIZED_METRICS = ("bleu", "chrf")
+# --eval-bleu-args keys (fairseq's generation arguments) and the TrainConfig fields they set.
+EVAL_BLEU_ARGS = {"beam": "eval_bleu_beam", "lenpen": "eval_bleu_lenpen", "max_len_a": "eval_bleu_max_len_a",
+                  "max_len_b": "eval_bleu_max_len_b"}
+# --eval-bleu-detok values and the data-bin tokenizer each names: nmt detokenizes as the data-bin says.
+EVAL_BLEU_DETOK = {"moses": "moses", "space": "none"}
 FAIRSEQ_EMA_DECAY = 0.9999  # --store-ema without --ema-decay, as fairseq
 
 
@@ -815,8 +872,10 @@ class TrainConfig:
                                             help="Also validate every N updates (0: off).")
     disable_validation: bool = flag_option("--disable-validation",
                                            help="Never validate (no valid split needed).")
-    best_checkpoint_metric: str = option("--best-checkpoint-metric", default="loss", choices=BEST_CHECKPOINT_METRICS,
-                                         help="Validation metric that selects checkpoint_best.pt (lower is better).")
+    best_checkpoint_metric: str = option(
+        "--best-checkpoint-metric", default="loss", choices=BEST_CHECKPOINT_METRICS,
+        help="Validation metric that selects checkpoint_best.pt and that --patience and --keep-best-checkpoints "
+             "follow: loss and nll are minimized, bleu and chrf (they need --eval-bleu) maximized.")
     save_interval: int = option("--save-interval", default=1, type=int,
                                 help="Write checkpoint{EPOCH}.pt every N epochs (0: never).")
     save_interval_updates: int = option(
@@ -826,6 +885,43 @@ class TrainConfig:
                                    help="Keep only the newest N epoch checkpoints (-1: all).")
     keep_interval_updates: int = option("--keep-interval-updates", default=-1, type=int,
                                         help="Keep only the newest N update checkpoints (-1: all).")
+    # Validation BLEU and best-checkpoint selection (fairseq's flag names and formats).
+    eval_bleu: bool = flag_option(
+        "--eval-bleu",
+        help="At each validation also translate the valid split with beam search, detokenize it as `nmt translate` "
+             "does and score it with sacreBLEU against the data-bin's raw references (logged as bleu).")
+    eval_bleu_beam: int = option("--eval-bleu-beam", default=5, type=int, help="Beam size of --eval-bleu.")
+    eval_bleu_lenpen: float = option("--eval-bleu-lenpen", default=1.0, type=float,
+                                     help="Length penalty of --eval-bleu (fairseq's: score / len^lenpen).")
+    eval_bleu_max_len_a: float = option("--eval-bleu-max-len-a", default=0.0, type=float,
+                                        help="--eval-bleu's maximum output length is a * source length + b.")
+    eval_bleu_max_len_b: int = option("--eval-bleu-max-len-b", default=200, type=int,
+                                      help="See --eval-bleu-max-len-a.")
+    eval_bleu_subset_lines: int = option(
+        "--eval-bleu-subset-lines", default=0, type=int,
+        help="Translate only the first N lines of the valid split for --eval-bleu (0: all of it).")
+    eval_bleu_chrf: bool = flag_option("--eval-bleu-chrf",
+                                       help="With --eval-bleu also report sacreBLEU's chrF (logged as chrf).")
+    eval_bleu_args: str | None = option(
+        "--eval-bleu-args", default=None, metavar="JSON",
+        help="fairseq's form of the search settings, e.g. '{\"beam\": 5, \"max_len_a\": 1.2, \"max_len_b\": 10, "
+             "\"lenpen\": 1.0}' (keys: beam, lenpen, max_len_a, max_len_b).")
+    eval_bleu_detok: str | None = option(
+        "--eval-bleu-detok", default=None,
+        help="fairseq's detokenizer choice. nmt detokenizes as the data-bin's meta.json says: moses (a Moses "
+             "data-bin) and space (a data-bin without a tokenizer) are accepted, other values refused.")
+    eval_bleu_remove_bpe: bool = flag_option(
+        "--eval-bleu-remove-bpe",
+        help="Accepted for fairseq's command lines: nmt removes its BPE before scoring anyway.")
+    eval_bleu_print_samples: bool = flag_option(
+        "--eval-bleu-print-samples", help="Print a few hypothesis/reference pairs at each --eval-bleu.")
+    maximize_best_checkpoint_metric: bool = flag_option(
+        "--maximize-best-checkpoint-metric",
+        help="Accepted as fairseq writes it: bleu and chrf are maximized anyway; refused with loss or nll.")
+    keep_best_checkpoints: int = option(
+        "--keep-best-checkpoints", default=-1, type=int,
+        help="Also keep the N best checkpoints by --best-checkpoint-metric, named with their score as fairseq "
+             "names them (checkpoint.best_bleu_27.31.pt); the rest are removed (-1: none written).")
     reset_optimizer: bool = flag_option("--reset-optimizer",
                                         help="When resuming: keep weights and progress, start a fresh optimizer state.")
     reset_run: bool = flag_option(
@@ -921,8 +1017,58 @@ class TrainConfig:
             raise NmtError(f"unknown --precision {self.precision!r}; choose from {', '.join(TRAIN_PRECISIONS)}")
         if self.best_checkpoint_metric not in BEST_CHECKPOINT_METRICS:
             raise NmtError(f"--best-checkpoint-metric must be one of {', '.join(BEST_CHECKPOINT_METRICS)}")
+        self._check_eval_bleu()
         check_device_string(self.device, also=("auto",))
         check_seed(self.seed)
+
+    def _check_eval_bleu(self) -> None:
+        metric = self.best_checkpoint_metric
+        if self.maximize_best_checkpoint_metric and metric not in MAXIMIZED_METRICS:
+            raise NmtError(f"--maximize-best-checkpoint-metric contradicts --best-checkpoint-metric {metric}: "
+                           f"lower {metric} is better (only {', '.join(MAXIMIZED_METRICS)} are maximized)")
+        if metric in MAXIMIZED_METRICS and not self.eval_bleu:
+            raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
+        if self.eval_bleu and self.disable_validation:
+            raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
+        if self.keep_best_checkpoints < -1 or self.keep_best_checkpoints == 0:
+            raise NmtError("--keep-best-checkpoints must be a positive count or -1 for none")
+        if self.eval_bleu_subset_lines < 0:
+            raise NmtError(f"--eval-bleu-subset-lines must be >= 0 (got {self.eval_bleu_subset_lines})")
+        if self.eval_bleu_detok is not None and self.eval_bleu_detok not in EVAL_BLEU_DETOK:
+            raise NmtError(f"--eval-bleu-detok {self.eval_bleu_detok} is not supported: nmt detokenizes as the "
+                           f"data-bin's meta.json says (accepted: {', '.join(EVAL_BLEU_DETOK)})")
+        self.eval_bleu_search()  # the search settings are checked as translate's are
+
+    def eval_bleu_search(self) -> DecodeConfig:
+        """The beam search of --eval-bleu: its flags, or fairseq's --eval-bleu-args JSON."""
+        values = {key: getattr(self, name) for key, name in EVAL_BLEU_ARGS.items()}
+        if self.eval_bleu_args is not None:
+            try:
+                given = json.loads(self.eval_bleu_args)
+            except ValueError as error:
+                raise NmtError(f"--eval-bleu-args {self.eval_bleu_args!r} is not JSON ({error})") from None
+            if not isinstance(given, dict):
+                raise NmtError(f"--eval-bleu-args must be a JSON object such as '{{\"beam\": 5}}' (got {self.eval_bleu_args!r})")
+            unknown = sorted(set(given) - set(EVAL_BLEU_ARGS))
+            if unknown:
+                raise NmtError(f"--eval-bleu-args: {', '.join(unknown)} not supported by nmt (it takes "
+                               f"{', '.join(EVAL_BLEU_ARGS)})")
+            defaults = {f.name: f.default for f in fields(self)}
+            for key, value in given.items():
+                name = EVAL_BLEU_ARGS[key]
+                expected = int if key in ("beam", "max_len_b") else (int, float)
+                if isinstance(value, bool) or not isinstance(value, expected):
+                    raise NmtError(f"--eval-bleu-args: {key} must be a number (got {json.dumps(value)})")
+                flag_value = getattr(self, name)
+                if flag_value != defaults[name] and flag_value != value:
+                    raise NmtError(f"--eval-bleu-args gives {key} {value} but --{name.replace('_', '-')} is "
+                                   f"{flag_value}; give one of them")
+                values[key] = value
+        try:
+            return DecodeConfig(beam=values["beam"], lenpen=float(values["lenpen"]),
+                                max_len_a=float(values["max_len_a"]), max_len_b=values["max_len_b"])
+        except NmtError as error:  # DecodeConfig names translate's flags
+            raise NmtError(f"--eval-bleu search settings: {error}") from None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,7 +9,9 @@
 # finished steps and resumes training. Settings can be overridden from the environment:
 # WORK (output directory), TRAIN_TIME (training budget, e.g. 13m), MAX_UPDATE, ARCH, BPE_SIZE,
 # MAX_TOKENS, DROPOUT, AVERAGE (checkpoints to average), SAVE_INTERVAL_UPDATES, LR, WARMUP,
-# TRAIN_FLAGS (more `nmt train` flags).
+# TRAIN_FLAGS (more `nmt train` flags), SELECT (average: translate the average of the last
+# AVERAGE update checkpoints; bleu: score validation BLEU at each epoch's validation with the
+# test's search settings and translate the checkpoint with the best one).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +32,15 @@ DROPOUT=${DROPOUT:-0.1}
 LR=${LR:-2e-3}
 WARMUP=${WARMUP:-480}
 TRAIN_FLAGS=${TRAIN_FLAGS:-}
+SELECT=${SELECT:-average}
+SEARCH_FLAGS=(--beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50)
+SELECT_FLAGS=()
+case $SELECT in
+    average) ;;
+    bleu) SELECT_FLAGS=(--eval-bleu --eval-bleu-args '{"beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50}'
+                        --best-checkpoint-metric bleu) ;;
+    *) echo "error: SELECT must be average or bleu (got $SELECT)" >&2; exit 1 ;;
+esac
 WORKERS=${WORKERS:-$(nproc)}
 
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -55,12 +66,18 @@ if [ ! -f "$RUN/.done" ]; then
     nmt train "$DATA_BIN" --arch "$ARCH" --save-dir "$RUN" --share-all-embeddings --normalize-before \
         --dropout "$DROPOUT" --lr "$LR" --lr-scheduler inverse_sqrt --warmup-updates "$WARMUP" $TRAIN_FLAGS \
         --label-smoothing 0.1 --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --max-time "$TRAIN_TIME" \
-        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$AVERAGE" --log-interval 100
+        --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates "$AVERAGE" --log-interval 100 \
+        ${SELECT_FLAGS[@]+"${SELECT_FLAGS[@]}"}
     touch "$RUN/.done"
 fi
 
 AVG=$RUN/checkpoint_avg.pt
-if [ ! -f "$AVG" ]; then
+if [ "$SELECT" = bleu ]; then
+    # The best validation BLEU; before any validation, the last checkpoint.
+    AVG=$RUN/checkpoint_best.pt
+    [ -f "$AVG" ] || AVG=$RUN/checkpoint_last.pt
+    say "the checkpoint of the best validation BLEU -> $AVG"
+elif [ ! -f "$AVG" ]; then
     # A short time budget may leave fewer update checkpoints than AVERAGE, or none (then
     # the last checkpoint alone is the model).
     saved=$(find "$RUN" -maxdepth 1 -name 'checkpoint_*_*.pt' | wc -l)
@@ -77,8 +94,7 @@ fi
 HYP=$WORK/test.hyp.de
 if [ ! -f "$HYP" ]; then
     say "translate $RAW/test.en -> $HYP"
-    nmt translate --path "$AVG" --input "$RAW/test.en" --output "$HYP.tmp" \
-        --beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50
+    nmt translate --path "$AVG" --input "$RAW/test.en" --output "$HYP.tmp" "${SEARCH_FLAGS[@]}"
     mv "$HYP.tmp" "$HYP"
 fi
 
@@ -96,7 +112,7 @@ cat >&2 <<EOF
 
 Done in $(( $(date +%s) - start )) s.
   data-bin:     $DATA_BIN
-  checkpoints:  $RUN (averaged: $AVG)
+  checkpoints:  $RUN (translated: $AVG)
   translations: $HYP
   curves:       $curves
 EOF

@@ -100,7 +100,7 @@ def resume_point(run: Path, names: list[str]) -> int | None:
 def comparable_log(run: Path) -> list[dict]:
     """train_log.jsonl without the fields that depend on wall-clock time."""
     records = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in ("wall", "tokens_per_s")} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("wall", "tokens_per_s", "eval_bleu_seconds")} for r in records]
 
 
 def test_train_killed_at_many_random_moments_ends_like_an_uninterrupted_run(tmp_path, data_bin, server):

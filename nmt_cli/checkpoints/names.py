@@ -1,8 +1,9 @@
 """The checkpoint file names of a run directory, as fairseq names them.
 
 `checkpoint_last.pt` (what a resumed run reads), `checkpoint_best.pt`,
-`checkpoint{EPOCH}.pt` (end of an epoch) and `checkpoint_{EPOCH}_{UPDATES}.pt`
-(every N updates). Training writes them and `average --num-*-checkpoints` reads them.
+`checkpoint{EPOCH}.pt` (end of an epoch), `checkpoint_{EPOCH}_{UPDATES}.pt`
+(every N updates) and `checkpoint.best_{METRIC}_{SCORE}.pt` (the N best validations,
+`--keep-best-checkpoints`). Training writes them and `average --num-*-checkpoints` reads them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 EPOCH_NAME = re.compile(r"checkpoint(\d+)\.pt")
 UPDATE_NAME = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+SCORED_BEST_NAME = re.compile(r"checkpoint\.best_([a-z]+)_(-?\d+\.\d+)\.pt")
 EPOCH_PATTERN, UPDATE_PATTERN = "checkpoint{EPOCH}.pt", "checkpoint_{EPOCH}_{UPDATES}.pt"  # for messages
 
 
@@ -21,6 +23,15 @@ def epoch_checkpoint(epoch: int) -> str:
 
 def update_checkpoint(epoch: int, num_updates: int) -> str:
     return f"checkpoint_{epoch}_{num_updates}.pt"
+
+
+def scored_best_checkpoint(metric: str, value: float) -> str:
+    """fairseq's name for one of the --keep-best-checkpoints: the score with two decimals."""
+    return f"checkpoint.best_{metric}_{value:.2f}.pt"
+
+
+def is_scored_best(name: str) -> bool:
+    return SCORED_BEST_NAME.fullmatch(name) is not None
 
 
 def epoch_of(name: str) -> int | None:
@@ -40,5 +51,5 @@ def is_numbered(name: str) -> bool:
 
 
 def is_training_checkpoint(name: str) -> bool:
-    """Any checkpoint that training writes: last, best or numbered."""
-    return name in (LAST, BEST) or is_numbered(name)
+    """Any checkpoint that training writes: last, best, numbered or scored best."""
+    return name in (LAST, BEST) or is_numbered(name) or is_scored_best(name)

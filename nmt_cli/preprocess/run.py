@@ -27,6 +27,7 @@ from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.preprocess.clean import CleanSettings
 from nmt_cli.preprocess.progress import StageReporter
+from nmt_cli.preprocess.references import keep_references
 from nmt_cli.preprocess.stages import JobRunner, TokenizeResult
 from nmt_cli.preprocess.workers import binarize_file, segment_file, tokenize_parallel
 from nmt_cli.run_lock import directory_lock
@@ -182,7 +183,11 @@ def build_data_bin(
                 entry["tokens"][lang], entry["unk"][lang] = stats.tokens, stats.unk
                 segmented[(split.name, side)].unlink()
     shutil.rmtree(work)
-    return make_meta(cfg, splits, bpe_meta, dict_paths, counts, cleaning)
+    meta = make_meta(cfg, splits, bpe_meta, dict_paths, counts, cleaning)
+    # The raw references of the valid and test splits, for scoring their translations (--eval-bleu).
+    meta["references"] = keep_references({s.name: input_path(s.prefix, cfg.target_lang) for s in splits if not s.clean},
+                                         cfg.source_lang, cfg.target_lang, out)
+    return meta
 
 
 def tokenizer_settings(cfg: PreprocessConfig, lang: str) -> TokenizerSettings:

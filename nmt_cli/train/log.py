@@ -129,6 +129,8 @@ class Reporter:
         self.info(
             f"epoch {record['epoch']:03d} | valid on '{record['subset']}' | update {record['update']} | "
             f"loss {record['loss']:.3f} | nll {record['nll']:.3f} | ppl {record['ppl']:.2f}"
+            + (f" | bleu {record['bleu']:.2f}" if "bleu" in record else "")
+            + (f" | chrf {record['chrf']:.2f}" if "chrf" in record else "")
             + (f" | best {best:.3f}" if best is not None else "")
         )
 

@@ -4,26 +4,30 @@ Besides the keys of docs/FORMATS.md a training checkpoint holds `patience_counte
 (validations without improvement), `validated_at` (the update of the latest validation,
 so that a resumed run does not validate that update again at the end of its epoch),
 `log_records` (lines of train_log.jsonl written so far, so that a resumed run rewrites
-the log from exactly that point) and
+the log from exactly that point), `best_checkpoints` (the files of --keep-best-checkpoints
+and their exact values, best first, as `[name, value]` pairs) and
 `log_window` (the statistics gathered since the last log line, `Window.checkpoint_state`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from nmt_cli.checkpoints.names import is_scored_best
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
+from nmt_cli.train.best import ScoredCheckpoint
 
 # Fields that may change between a run and its resumption; everything else shapes the weights.
 RESUMABLE_MODEL_CHANGES = ("dropout", "attention_dropout", "activation_dropout")
@@ -40,6 +44,7 @@ class Progress:
     patience_counter: int = 0
     validated_at: int | None = None
     log_records: int = 0
+    best_checkpoints: list[ScoredCheckpoint] = field(default_factory=list)  # --keep-best-checkpoints, best first
 
 
 def progress_to_checkpoint(progress: Progress, completed_epoch: int) -> dict[str, Any]:
@@ -52,6 +57,7 @@ def progress_to_checkpoint(progress: Progress, completed_epoch: int) -> dict[str
         "patience_counter": progress.patience_counter,
         "validated_at": progress.validated_at,
         "log_records": progress.log_records,
+        "best_checkpoints": [[entry.name, entry.value] for entry in progress.best_checkpoints],
     }
 
 
@@ -66,9 +72,24 @@ def progress_from_checkpoint(state: dict[str, Any], path: Path) -> Progress:
             patience_counter=int(state.get("patience_counter", 0)),
             validated_at=None if state.get("validated_at") is None else int(state["validated_at"]),
             log_records=int(state.get("log_records", 0)),
+            best_checkpoints=_best_checkpoints(state.get("best_checkpoints", [])),
         )
     except (KeyError, TypeError, ValueError) as error:
         raise NmtError(f"{path} is not a training checkpoint (no resumable progress: {error!r})") from None
+
+
+def _best_checkpoints(entries: Any) -> list[ScoredCheckpoint]:
+    """The kept-best list of a checkpoint; ValueError unless it is `[[NAME, VALUE], ...]`
+    with fairseq's scored names (a file outside that pattern is never one to remove)."""
+    if not isinstance(entries, list):
+        raise ValueError(f"best_checkpoints is {type(entries).__name__}, not a list")
+    kept = []
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
+                and is_scored_best(entry[0]) and isinstance(entry[1], (int, float)) and math.isfinite(entry[1])):
+            raise ValueError(f"best_checkpoints entry {entry!r:.80} is not [checkpoint.best_METRIC_SCORE.pt, value]")
+        kept.append(ScoredCheckpoint(entry[0], float(entry[1])))
+    return kept
 
 
 @contextmanager

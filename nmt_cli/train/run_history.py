@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nmt_cli.checkpoints.names import BEST, LAST, is_numbered
+from nmt_cli.checkpoints.names import BEST, LAST, is_numbered, is_scored_best
 from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.pairs import DataBin, PairDataset
 from nmt_cli.errors import NmtError
@@ -76,7 +76,7 @@ def run_history(save_dir: Path) -> list[str]:
     if not save_dir.is_dir():
         return []
     names = [p.name for p in save_dir.iterdir()]
-    return sorted(n for n in names if n in (LAST, BEST, LOG_NAME) or is_numbered(n))
+    return sorted(n for n in names if n in (LAST, BEST, LOG_NAME) or is_numbered(n) or is_scored_best(n))
 
 
 def describe(names: list[str], most: int = 4) -> str:
@@ -95,7 +95,7 @@ def repair_best_checkpoint(save_dir: Path, warn: Callable[[str], None]) -> None:
     if best is not None and best.get("best_metric") == best_metric:
         return
     condition = "stale" if (save_dir / BEST).exists() else "missing"
-    numbered = [n for n in run_history(save_dir) if is_numbered(n)]
+    numbered = [n for n in run_history(save_dir) if is_numbered(n) or is_scored_best(n)]
     for name in [LAST, *numbered]:
         progress = last if name == LAST else _progress_of(save_dir / name)
         if progress is not None and _is_best_save(progress, best_metric):

@@ -26,9 +26,11 @@ from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
+from nmt_cli.train.best import KeepBestChange, is_better, keep_best
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.live import Limits, eta_seconds
 from nmt_cli.train.ema import start_ema
+from nmt_cli.train.eval_bleu import BleuScores, ValidBleu, shared_scores
 from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
 from nmt_cli.train.resume_state import (
     Progress,
@@ -127,6 +129,10 @@ class Trainer:
         self.batches = self._plan(self.train_split, "train", shuffle_seed=cfg.seed)
         check_update_freq(cfg.update_freq, dist.world_size, len(self.batches))
         self.valid_batches = self._plan(self.valid_split, "valid", shuffle_seed=0) if self.valid_split else []
+        self.valid_bleu = (ValidBleu(cfg, self.data, self.valid_split, model_cfg.max_source_positions,
+                                     model_cfg.max_target_positions)
+                           if cfg.eval_bleu and self.valid_split is not None else None)
+        self.best_files: KeepBestChange | None = None  # the last validation's --keep-best-checkpoints change
         release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
         if dist.world_size > 1:
             state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches,
@@ -165,6 +171,7 @@ class Trainer:
             self.reporter.warning(f"--best-checkpoint-metric is now {metric} (was {previous}): "
                                   "the best value and --patience start over")
             progress.best_metric, progress.patience_counter = None, 0
+            progress.best_checkpoints = []  # ranked by the old metric; their files stay
 
     def _restore(self, resume: dict[str, Any] | None) -> Progress:
         engine, cfg = self.engine, self.cfg
@@ -297,7 +304,7 @@ class Trainer:
         if self.valid_split is not None and ((cfg.validate_interval_updates and n % cfg.validate_interval_updates == 0) or at_max):
             is_best = self._validate()
         stop = "max_update" if at_max else "max_time" if time_up else self._patience_exhausted()
-        if (cfg.save_interval_updates and n % cfg.save_interval_updates == 0) or is_best or stop:
+        if (cfg.save_interval_updates and n % cfg.save_interval_updates == 0) or is_best or stop or self._best_file_due():
             self._save(end_of_epoch=False, is_best=is_best)
         if stop == "max_time":
             self.reporter.info(f"--max-time reached after update {n}; checkpoint saved")
@@ -313,7 +320,7 @@ class Trainer:
         progress.epoch, progress.batches_done = completed + 1, 0
         last_epoch = bool(cfg.max_epoch) and completed >= cfg.max_epoch
         stop = "max_epoch" if last_epoch else self._patience_exhausted()
-        if (cfg.save_interval and completed % cfg.save_interval == 0) or is_best or stop:
+        if (cfg.save_interval and completed % cfg.save_interval == 0) or is_best or stop or self._best_file_due():
             self._save(end_of_epoch=True, is_best=is_best, completed_epoch=completed)
         return stop
 
@@ -380,15 +387,19 @@ class Trainer:
         """Validate, update best metric and patience; True when this is the best so far."""
         self._raise_if_loss_not_finite()
         with self._validation_weights():
-            metrics = evaluate(self.engine, self.valid_split, self.valid_batches)
+            metrics: dict[str, Any] = evaluate(self.engine, self.valid_split, self.valid_batches)
+            if self.valid_bleu is not None:
+                metrics.update(self._eval_bleu().record_fields())
         self.progress.validated_at = self.progress.num_updates
-        value = metrics[self.cfg.best_checkpoint_metric]
-        best = self.progress.best_metric
-        is_best = best is None or value < best
+        metric = self.cfg.best_checkpoint_metric
+        value = metrics[metric]
+        is_best = is_better(value, self.progress.best_metric, metric)
         if is_best:
             self.progress.best_metric, self.progress.patience_counter = value, 0
         else:
             self.progress.patience_counter += 1
+        self.best_files = keep_best(self.progress.best_checkpoints, value, metric, self.cfg.keep_best_checkpoints)
+        self.progress.best_checkpoints = self.best_files.kept
         record = {"type": "valid", "subset": self.cfg.valid_subset, "epoch": self.progress.epoch,
                   "update": self.progress.num_updates, **metrics, "best": self.progress.best_metric}
         record["wall"] = time.monotonic() - self.start_time  # for curves against time (`nmt plot`)
@@ -401,15 +412,30 @@ class Trainer:
         if self.ema is not None and self.cfg.ema_validate:
             return self.ema.weights_swapped_into(self.engine.working_model)
         return nullcontext()
+    def _eval_bleu(self) -> BleuScores:
+        """--eval-bleu on the model being trained: translated and scored by the main rank."""
+        assert self.valid_bleu is not None
+        engine = self.engine
+        scores = (self.valid_bleu.score(engine.working_model, engine.device, engine.autocast, self.reporter.info)
+                  if self.dist.is_main else None)
+        return shared_scores(scores, self.dist, engine.device)
+
+    def _best_file_due(self) -> bool:
+        """Whether the last validation made a --keep-best-checkpoints file that the next save writes."""
+        return self.best_files is not None and self.best_files.write is not None
 
     def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None) -> None:
         self._raise_if_loss_not_finite()
         log_window = self.window.checkpoint_state(self.dist)
+        best_files, self.best_files = self.best_files, None
         if not self.dist.is_main:
             return
         epoch = completed_epoch if completed_epoch is not None else self.progress.epoch
         names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best)
         doomed = checkpoints_to_prune(self.save_dir, names, self.cfg)
+        if best_files is not None and best_files.write is not None:  # written with the rest of this save
+            names.insert(-1, best_files.write)  # before checkpoint_last.pt, which marks the save complete
+            doomed += [name for name in best_files.remove if name not in names]
         write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names, doomed)
 
     def _checkpoint_state(self, epoch: int, log_window: dict[str, Any]) -> dict[str, Any]:

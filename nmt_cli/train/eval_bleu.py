@@ -1,0 +1,146 @@
+"""`--eval-bleu`: translate the valid split at each validation and score it with sacreBLEU.
+
+The translation is `nmt translate`'s: the binarized source sentences (what preprocess
+made of the raw source with the data-bin's tokenizer and BPE, so the ids translate
+would encode), batched as translate batches them, searched with `decode/search.generate`,
+turned back into text by the data-bin's pipeline (`text/pipeline.py`), and scored
+against the raw references the data-bin keeps (`preprocess/references.py`) exactly as
+`nmt score` scores them. So the logged BLEU is what `nmt translate` + `nmt score` give
+for the same checkpoint and search settings.
+
+Only the main rank translates; the other ranks receive its scores, so that every rank
+takes the same best-checkpoint and --patience decisions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+import torch
+
+from nmt_cli.config import EVAL_BLEU_DETOK, TrainConfig
+from nmt_cli.data.dictionary import EOS_ID
+from nmt_cli.data.pairs import DataBin, PairDataset
+from nmt_cli.decode.search import check_beam_fits, generate
+from nmt_cli.decode.translator import make_batches, pad_batch
+from nmt_cli.errors import NmtError
+from nmt_cli.preprocess.references import read_references
+from nmt_cli.scoring.sacre import build_metrics
+from nmt_cli.text.pipeline import TextPipeline
+from nmt_cli.train import distributed
+from nmt_cli.train.distributed import DistInfo
+
+SAMPLES_PRINTED = 3  # --eval-bleu-print-samples: hypothesis/reference pairs per validation
+
+
+@dataclass(frozen=True)
+class BleuScores:
+    """The scores of one --eval-bleu; `record_fields` are its fields of the valid record."""
+
+    bleu: float
+    bleu_signature: str
+    chrf: float | None
+    chrf_signature: str | None
+    sentences: int
+    seconds: float
+
+    def record_fields(self) -> dict[str, float | int | str]:
+        fields: dict[str, float | int | str] = {"bleu": self.bleu, "bleu_signature": self.bleu_signature}
+        if self.chrf is not None and self.chrf_signature is not None:
+            fields.update(chrf=self.chrf, chrf_signature=self.chrf_signature)
+        fields.update(eval_bleu_sentences=self.sentences, eval_bleu_seconds=self.seconds)
+        return fields
+
+
+def detokenizer_name(data: DataBin) -> str:
+    tokenizer = data.meta.get("tokenizer") or {"name": "none"}
+    return str(tokenizer.get("name", "moses"))
+
+
+class ValidBleu:
+    """Everything --eval-bleu needs, loaded and checked once at the start of training."""
+
+    def __init__(self, cfg: TrainConfig, data: DataBin, split: PairDataset, max_source_positions: int,
+                 max_target_positions: int) -> None:
+        self.cfg = cfg
+        self.search = cfg.eval_bleu_search()
+        check_beam_fits(self.search.beam, len(data.tgt_dict))
+        references = read_references(data.path, data.meta, cfg.valid_subset)
+        if references is None:
+            raise NmtError(f"--eval-bleu needs the raw references of the '{cfg.valid_subset}' split, which {data.path} "
+                           "does not keep (meta.json names none): run `nmt preprocess` again (with --force) to "
+                           "keep them")
+        if len(references) != len(split):
+            raise NmtError(f"--eval-bleu: the references of '{cfg.valid_subset}' in {data.path} have "
+                           f"{len(references)} lines, the binarized split {len(split)} sentences")
+        detok = detokenizer_name(data)
+        if cfg.eval_bleu_detok is not None and EVAL_BLEU_DETOK[cfg.eval_bleu_detok] != detok:
+            raise NmtError(f"--eval-bleu-detok {cfg.eval_bleu_detok}: {data.path} was tokenized with {detok}, and "
+                           "nmt detokenizes as its data-bin says; drop the flag")
+        count = min(cfg.eval_bleu_subset_lines or len(split), len(split))
+        self.references = [line.rstrip() for line in references[:count]]  # as `nmt score` reads them
+        self.sources = [_fit(split.src[i].tolist(), max_source_positions) for i in range(count)]
+        self.max_target_positions = max_target_positions
+        self.pipeline = TextPipeline.from_data_bin(data.path, data.target_lang)
+        self.tgt_dict = data.tgt_dict
+        names = ["bleu", "chrf"] if cfg.eval_bleu_chrf or cfg.best_checkpoint_metric == "chrf" else ["bleu"]
+        # sacreBLEU's defaults, those of `nmt score`: 13a tokenization, mixed case.
+        self.metrics = build_metrics(names, [self.references], tokenize="13a", lowercase=False, sentence_level=False)
+
+    @torch.no_grad()
+    def translate(self, model: torch.nn.Module, device: torch.device,
+                  autocast: Callable[[], AbstractContextManager]) -> list[str]:
+        """The detokenized translation of every source sentence, in order (blank for a blank source)."""
+        was_training = model.training
+        model.eval()
+        hypotheses = [""] * len(self.sources)
+        todo = [i for i, ids in enumerate(self.sources) if len(ids) > 1]  # [</s>] alone: a blank line
+        for batch in make_batches([len(self.sources[i]) for i in todo], None, None):  # translate's batches
+            items = [todo[j] for j in batch]
+            with autocast():
+                found = generate(model, pad_batch([self.sources[i] for i in items], device), self.search,
+                                 self.max_target_positions)
+            for i, hyps in zip(items, found):
+                if hyps:
+                    text = self.pipeline.decode(self.tgt_dict.decode(hyps[0].tokens))
+                    hypotheses[i] = " ".join(text.splitlines()).rstrip()  # one line, as score reads it
+        model.train(was_training)
+        return hypotheses
+
+    def score(self, model: torch.nn.Module, device: torch.device, autocast: Callable[[], AbstractContextManager],
+              print_line: Callable[[str], None]) -> BleuScores:
+        start = time.monotonic()
+        hypotheses = self.translate(model, device, autocast)
+        if self.cfg.eval_bleu_print_samples:
+            for hyp, ref in list(zip(hypotheses, self.references))[:SAMPLES_PRINTED]:
+                print_line(f"eval-bleu example hypothesis: {hyp}")
+                print_line(f"eval-bleu example reference:  {ref}")
+        bleu = self.metrics["bleu"]
+        chrf = self.metrics.get("chrf")
+        return BleuScores(
+            bleu=bleu.corpus_score(hypotheses, None).score, bleu_signature=bleu.get_signature().format(),
+            chrf=chrf.corpus_score(hypotheses, None).score if chrf is not None else None,
+            chrf_signature=chrf.get_signature().format() if chrf is not None else None,
+            sentences=len(hypotheses), seconds=time.monotonic() - start,
+        )
+
+
+def shared_scores(scores: BleuScores | None, dist: DistInfo, device: torch.device) -> BleuScores:
+    """The main rank's scores on every rank (the others pass None)."""
+    if dist.world_size == 1:
+        assert scores is not None
+        return scores
+    mine = [scores.bleu, scores.chrf or 0.0, float(scores.sentences)] if scores is not None else [0.0, 0.0, 0.0]
+    bleu, chrf, sentences = distributed.all_reduce_sum(torch.tensor(mine, dtype=torch.float64, device=device),
+                                                       dist).tolist()
+    if scores is not None:
+        return scores
+    return BleuScores(bleu, "", chrf, None, int(sentences), 0.0)
+
+
+def _fit(ids: list[int], limit: int) -> list[int]:
+    """A source cut to the model's maximum positions, as translate cuts one."""
+    return ids if len(ids) <= limit else ids[: limit - 1] + [EOS_ID]
