@@ -11,11 +11,12 @@ import re
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
-from nmt_cli.options import flag_option, option
+from nmt_cli.options import (Alias, Refused, choice_alias, flag_option, no_effect_alias, option, switch_alias,
+                             value_alias)
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -39,9 +40,39 @@ def check_seed(seed: int, flag: str = "--seed", smallest: int = 0) -> None:
         raise NmtError(f"{flag} must be between {smallest} and {MAX_SEED} (got {seed})")
 
 
+# fairseq's model families that nmt does not build (`--arch NAME` starting with the key).
+OTHER_MODEL_FAMILIES = {
+    "fconv": "fairseq's convolutional model",
+    "lstm": "an LSTM",
+    "lightconv": "fairseq's lightweight convolutions",
+    "light_conv": "fairseq's lightweight convolutions",
+    "transformer_lm": "a language model",
+    "bart": "BART",
+    "mbart": "mBART",
+    "hf_": "a Hugging Face model",
+}
+
+
+def refuse_other_model_family(arch: str) -> Refused | None:
+    """--arch of a model family nmt does not build, named as such (other names: the registry's list)."""
+    for prefix, family in OTHER_MODEL_FAMILIES.items():
+        if arch.startswith(prefix):
+            return Refused(f"{family}; nmt builds encoder-decoder Transformers only "
+                           "(e.g. --arch transformer_wmt_en_de; `nmt info --arch NAME` shows one)")
+    return None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """An encoder-decoder Transformer. Field names follow fairseq's flags."""
+
+    # fairseq sets pre-norm per stack; nmt has one setting for both, so it takes the pair.
+    ALIASES: ClassVar[tuple[Alias, ...]] = (
+        Alias("--encoder-normalize-before", "fairseq's: with --decoder-normalize-before, --normalize-before.",
+              lambda _: {"normalize_before": True}, together_with="--decoder-normalize-before"),
+        Alias("--decoder-normalize-before", "fairseq's: with --encoder-normalize-before, --normalize-before.",
+              lambda _: {"normalize_before": True}, together_with="--encoder-normalize-before"),
+    )
 
     encoder_embed_dim: int = option("--encoder-embed-dim", default=512, help="Encoder model dimension (d_model).")
     encoder_ffn_embed_dim: int = option("--encoder-ffn-embed-dim", default=2048,
@@ -685,6 +716,51 @@ def _parse_duration(text: str) -> float:
     return parse_duration(text)
 
 
+# fairseq's pipelines of PyTorch's DDP (nmt's) and of its own all-reduce: the same gradients.
+DDP_BACKENDS_LIKE_NMT = ("c10d", "pytorch_ddp", "no_c10d", "legacy_ddp")
+
+
+def _restore_file(name: str) -> dict[str, Any] | Refused:
+    if name == "checkpoint_last.pt":  # fairseq's default, in --save-dir: nmt resumes from it too
+        return {}
+    return Refused("nmt resumes only from SAVE_DIR/checkpoint_last.pt; to start from another checkpoint's "
+                   "weights use --finetune-from-model (fresh optimizer), or copy it to SAVE_DIR/checkpoint_last.pt")
+
+
+# fairseq-train's flags for nmt's settings, or refused with what nmt does instead
+# (the README's "Coming from fairseq" table lists them all).
+TRAIN_FAIRSEQ_ALIASES: tuple[Alias, ...] = (
+    choice_alias("--optimizer", {"adam": {}}, "nmt trains with Adam only (decoupled weight decay, as fairseq's adam)",
+                 help="fairseq's; only adam, nmt's one optimizer."),
+    choice_alias("--criterion", {"label_smoothed_cross_entropy": {}, "cross_entropy": {"label_smoothing": 0.0}},
+                 "nmt's loss is (label-smoothed) cross-entropy: label_smoothed_cross_entropy or cross_entropy",
+                 help="fairseq's: label_smoothed_cross_entropy (smoothing from --label-smoothing, whose default "
+                      "here is 0.1, fairseq's 0) or cross_entropy (--label-smoothing 0)."),
+    switch_alias("--fp16", {"precision": "fp16"}, help="fairseq's: --precision fp16."),
+    switch_alias("--memory-efficient-fp16", {"precision": "fp16"},
+                 help="fairseq's: --precision fp16 (nmt keeps float32 weights either way)."),
+    switch_alias("--bf16", {"precision": "pure-bf16"},
+                 help="fairseq's: --precision pure-bf16 (a bf16 model, float32 master weights)."),
+    switch_alias("--cpu", {"device": "cpu"}, help="fairseq's: --device cpu."),
+    value_alias("--stop-time-hours", float, lambda hours: {"max_time": hours * 3600.0}, metavar="HOURS",
+                help="fairseq's: --max-time in hours (nmt counts this invocation's time; fairseq's, the run's "
+                     "across restarts)."),
+    value_alias("--finetune-from-model", str, lambda path: {"finetune_from": path}, metavar="FILE",
+                help="fairseq's: --finetune-from."),
+    value_alias("--restore-file", str, _restore_file, metavar="FILE",
+                help="fairseq's; only checkpoint_last.pt (its default): nmt resumes from SAVE_DIR/checkpoint_last.pt."),
+    choice_alias("--ddp-backend", {name: {} for name in DDP_BACKENDS_LIKE_NMT},
+                 "nmt's multi-GPU training is PyTorch DDP (torchrun); no sharded or SlowMo training",
+                 help="fairseq's: nmt always uses PyTorch DDP (the same gradients as each of these)."),
+    choice_alias("--log-format", {name: {} for name in ("json", "simple", "tqdm", "none")},
+                 "nmt logs plain lines on stderr and JSON lines in SAVE_DIR/train_log.jsonl",
+                 help="fairseq's; no effect: nmt logs plain lines on stderr and JSON lines in SAVE_DIR/train_log.jsonl."),
+    no_effect_alias("--num-workers", type=int,
+                    help="fairseq's; no effect: nmt reads memory-mapped data in the training process."),
+    no_effect_alias("--no-progress-bar", help="fairseq's; no effect: nmt shows progress only on a terminal."),
+)
+
+
 @dataclass(frozen=True, kw_only=True)  # keywords only: fields in the order of `nmt train --help`
 class TrainConfig:
     """Everything `nmt train` needs besides the model's own ModelConfig.
@@ -694,9 +770,12 @@ class TrainConfig:
     Interval and limit fields use 0 for "off"; `keep_*` use -1 for "keep all".
     """
 
+    ALIASES: ClassVar[tuple[Alias, ...]] = TRAIN_FAIRSEQ_ALIASES
+
     data: str = option(argument=True, path="dir", metavar="DATA_BIN")
-    arch: str = option("--arch", "-a", default="transformer_base",
-                       help="Architecture preset (see `nmt info --arch NAME`).")
+    arch: str = option("--arch", "-a", default="transformer_base", refuse=refuse_other_model_family,
+                       help="Architecture preset (see `nmt info --arch NAME`); fairseq's Transformer names "
+                            "too (transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big, ...).")
     save_dir: str = option(
         "--save-dir", required=True,
         help="Run directory for checkpoints, train_log.jsonl and config.json. If it holds checkpoint_last.pt, "
@@ -726,21 +805,25 @@ class TrainConfig:
     lr_scheduler: str = option(
         "--lr-scheduler", default="inverse_sqrt", choices=LR_SCHEDULERS,
         help="inverse_sqrt: linear warm-up to --lr, then lr*sqrt(warmup/step) (fairseq). "
-             "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (the paper). fixed: constant --lr.")
-    warmup_updates: int = option("--warmup-updates", default=4000, type=int, help="Warm-up updates of the schedule.")
+             "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (the paper). fixed: constant --lr "
+             "(fairseq's default scheduler).")
+    warmup_updates: int = option("--warmup-updates", default=4000, type=int,
+                                 help="Warm-up updates of the schedule (fairseq's default: 4000 for inverse_sqrt).")
     warmup_init_lr: float = option("--warmup-init-lr", default=0.0, type=float,
                                    help="Learning rate at the start of inverse_sqrt warm-up.")
     adam_betas: tuple[float, float] = option(
         "--adam-betas", default=(0.9, 0.98), cli_default="(0.9, 0.98)", to_value=parse_betas,
-        help="Adam beta1 and beta2, e.g. '(0.9, 0.98)' or '0.9 0.98'.")
-    adam_eps: float = option("--adam-eps", default=1e-9, type=float, help="Adam epsilon.")
+        help="Adam beta1 and beta2, e.g. '(0.9, 0.98)' or '0.9 0.98' (the paper's; fairseq's default is (0.9, 0.999)).")
+    adam_eps: float = option("--adam-eps", default=1e-9, type=float,
+                             help="Adam epsilon (the paper's; fairseq's default is 1e-8).")
     weight_decay: float = option("--weight-decay", "--wd", default=0.0, type=float,
                                  help="Decoupled weight decay (AdamW).")
     clip_norm: float = option("--clip-norm", default=0.0, type=float,
                               help="Clip the gradient norm to this value (0: no clipping).")
     label_smoothing: float = option(
         "--label-smoothing", default=0.1, type=float,
-        help="Label smoothing epsilon (fairseq's formula: eps/(V-1) on every non-target symbol).")
+        help="Label smoothing epsilon (fairseq's formula: eps/(V-1) on every non-target symbol; the paper's 0.1, "
+             "fairseq's default 0).")
     # Stopping.
     max_update: int = option("--max-update", default=0, type=int, help="Stop after this many updates (0: no limit).")
     max_epoch: int = option("--max-epoch", default=0, type=int, help="Stop after this many epochs (0: no limit).")
@@ -762,6 +845,9 @@ class TrainConfig:
                                          help="Validation metric that selects checkpoint_best.pt (lower is better).")
     save_interval: int = option("--save-interval", default=1, type=int,
                                 help="Write checkpoint{EPOCH}.pt every N epochs (0: never).")
+    no_epoch_checkpoints: bool = flag_option(
+        "--no-epoch-checkpoints",
+        help="At epoch ends write only checkpoint_last.pt (and checkpoint_best.pt), no checkpoint{EPOCH}.pt.")
     save_interval_updates: int = option(
         "--save-interval-updates", default=0, type=int,
         help="Write checkpoint_{EPOCH}_{UPDATES}.pt and checkpoint_last.pt every N updates (0: off).")
