@@ -354,8 +354,9 @@ class TranslateConfig:
 
 # --- preprocessing (nmt preprocess) ----------------------------------------------------
 
-PREPROCESS_TOKENIZERS = ("moses", "none")
-PREPROCESS_BPE = ("sentencepiece", "none")
+# auto: none for text already segmented into subword pieces (nmt_cli/preprocess/segmented.py), else moses / sentencepiece.
+PREPROCESS_TOKENIZERS = ("auto", "moses", "none")
+PREPROCESS_BPE = ("auto", "sentencepiece", "none")
 # Sentences sampled to learn BPE (`nmt preprocess --bpe-sample`, `nmt learn-bpe --sample`).
 DEFAULT_BPE_SAMPLE = 2_000_000
 
@@ -411,15 +412,20 @@ class PreprocessConfig:
         help="Reuse this source dictionary instead of building one (needs --bpe-model or --bpe none).")
     tgtdict: Path | None = option("--tgtdict", default=None, type=str, to_value=optional_path,
                                   help="Reuse this target dictionary instead of building one.")
-    tokenizer: str = option("--tokenizer", default="moses", choices=PREPROCESS_TOKENIZERS, show_default=True,
-                            help="moses: sacremoses tokenization (no escaping); none: split on whitespace only.")
-    normalize_punctuation: bool = option(
-        "--normalize-punctuation/--no-normalize-punctuation", default=True, show_default=True,
-        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing.")
+    tokenizer: str = option(
+        "--tokenizer", default="auto", choices=PREPROCESS_TOKENIZERS, show_default=True,
+        help="moses: sacremoses tokenization (no escaping); none: split on whitespace only; auto: none when the "
+             "training text is already segmented into subword pieces ('@@ ' or '▁'), else moses.")
+    # None: on, unless the text is already segmented (taken as it is, as fairseq-preprocess does).
+    normalize_punctuation: bool | None = option(
+        "--normalize-punctuation/--no-normalize-punctuation", default=None,
+        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing "
+             "[default: on, off for text already segmented into subword pieces].")
     aggressive_dash_splits: bool = flag_option("--aggressive-dash-splits",
                                                help="Moses -a: split hyphenated words (A-B -> A @-@ B).")
-    bpe: str = option("--bpe", default="sentencepiece", choices=PREPROCESS_BPE, show_default=True,
-                      help="Subword segmentation; none: the text is already segmented.")
+    bpe: str = option("--bpe", default="auto", choices=PREPROCESS_BPE, show_default=True,
+                      help="Subword segmentation; none: the text is already segmented; auto: none when the "
+                           "training text holds subword pieces ('@@ ' or '▁'), else sentencepiece.")
     bpe_size: int = option("--bpe-size", default=32000, show_default=True,
                            help="BPE vocabulary size (sentencepiece pieces).")
     # Sentences sampled to learn BPE: bounds memory on huge corpora (sentencepiece holds the sample).

@@ -27,6 +27,7 @@ from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
 from nmt_cli.preprocess.clean import CleanSettings
 from nmt_cli.preprocess.progress import StageReporter
+from nmt_cli.preprocess.segmented import resolve_segmentation
 from nmt_cli.preprocess.stages import JobRunner, TokenizeResult
 from nmt_cli.preprocess.workers import binarize_file, segment_file, tokenize_parallel
 from nmt_cli.run_lock import directory_lock
@@ -99,14 +100,19 @@ def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
 
 
 def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
+    cfg, segmented_marker = resolve_segmentation(cfg)
+    if segmented_marker is not None:
+        reporter.log(f"the training text is already segmented ({segmented_marker.strip()!r} pieces): "
+                     "taken as it is (no normalization, tokenization or BPE)")
     splits = plan_splits(cfg)
     given_files = [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
     refuse_inputs_inside(text_inputs(cfg, splits) + given_files, cfg.destdir, "--destdir")
     with directory_lock(cfg.destdir, "--destdir"):  # one writer: another preprocess would replace this one's output
-        return _preprocess_locked(cfg, splits, reporter)
+        return _preprocess_locked(cfg, splits, reporter, segmented_marker)
 
 
-def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: StageReporter) -> PreprocessResult:
+def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: StageReporter,
+                       segmented_marker: str | None = None) -> PreprocessResult:
     line_counts = count_pairs(cfg, splits)
     print_id = dataset_fingerprint(cfg, splits)
     if check_destination(cfg.destdir, "--destdir", print_id, cfg.force):
@@ -115,6 +121,8 @@ def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: Sta
 
     def write(staging: Path) -> dict:
         meta = build_data_bin(cfg, splits, line_counts, staging, reporter)
+        if segmented_marker is not None:  # translate removes these from its text output
+            meta["segmented_input"] = segmented_marker
         meta["fingerprint"] = print_id
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return meta
