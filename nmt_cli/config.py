@@ -181,8 +181,8 @@ class DecodeConfig:
 
     beam: int = option("--beam", default=5, show_default=True, help="Beam size (1: greedy decoding).")
     nbest: int = option("--nbest", default=1, show_default=True,
-                        help="Hypotheses kept per sentence; text and bpe output print the best only, "
-                             "jsonl output lists all of them under \"nbest\".")
+                        help="Hypotheses kept per sentence, best first: text and bpe output print N lines per "
+                             "input line (N empty lines for an empty one); jsonl output lists them under \"nbest\".")
     lenpen: float = option("--lenpen", default=1.0, show_default=True,
                            help="Length penalty exponent alpha (the paper: 0.6 with --lenpen-style gnmt).")
     # "fairseq": score / len**lenpen; "gnmt": score / ((5 + len) / 6)**lenpen. len counts </s>.
@@ -255,9 +255,21 @@ ERROR_POLICIES = ("strict", "replace")
 DEFAULT_BUFFER_SIZE = 2000
 
 
+# The text pipeline fairseq-interactive is told with --tokenizer/--bpe; nmt reads it from meta.json.
+INTERACTIVE_TOKENIZERS = ("moses", "space", "none")
+INTERACTIVE_BPE = ("subword_nmt", "sentencepiece", "none")
+
+
 @dataclass(frozen=True)
 class TranslateConfig:
     """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
+
+    # fairseq-interactive's ways of writing these settings.
+    ALIASES: ClassVar[tuple[Alias, ...]] = (
+        Alias("data", "", lambda path: {"data_bin": path}, type=str, metavar="[DATA_DIR]", argument=True),
+        switch_alias("--cpu", {"device": "cpu"}, help="fairseq's: --device cpu."),
+        switch_alias("--fp16", {"precision": "fp16"}, help="fairseq's: --precision fp16."),
+    )
 
     checkpoints: tuple[str, ...] = option(
         "--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
@@ -268,6 +280,24 @@ class TranslateConfig:
         help="Directory with meta.json, dict.*.txt and the BPE model(s) [default: the checkpoint's "
              "directory, where training copies them]. Its dictionaries must match the checkpoint's.")
     decode: DecodeConfig = DecodeConfig()
+    # fairseq-interactive's flags naming what meta.json already says: checked against it, never ignored.
+    source_lang: str | None = option("--source-lang", "-s", default=None, metavar="LANG",
+                                     help="fairseq's; must be the model's source language [default: the model's].")
+    target_lang: str | None = option("--target-lang", "-t", default=None, metavar="LANG",
+                                     help="fairseq's; must be the model's target language [default: the model's].")
+    tokenizer: str | None = option(
+        "--tokenizer", default=None, choices=INTERACTIVE_TOKENIZERS,
+        help="fairseq's; must be the tokenizer of the data directory's meta.json [default: meta.json's] "
+             "(space: none).")
+    bpe: str | None = option("--bpe", default=None, choices=INTERACTIVE_BPE,
+                             help="fairseq's; must be the BPE of the data directory's meta.json [default: meta.json's].")
+    bpe_codes: str | None = option(
+        "--bpe-codes", default=None, path="file", metavar="FILE",
+        help="fairseq's; must hold the same codes as the data directory's [default: the data directory's].")
+    remove_bpe: str | None = option(
+        "--remove-bpe", default=None, flag_value="@@ ", metavar="[MARKER]",
+        help="fairseq's; text and jsonl output always join pieces into words, so it changes nothing there "
+             "[default: off]; refused with --output-format bpe, whose output is the pieces.")
     input_format: str = option(
         "--input-format", default="raw", choices=INPUT_FORMATS, show_default=True,
         help="raw: plain text (tokenized and BPE-segmented as in preprocessing); bpe: space-separated "
@@ -284,7 +314,8 @@ class TranslateConfig:
     max_tokens: int | None = option(
         "--max-tokens", default=None, type=int,
         help="Source tokens per batch, padding included [default: 4096 unless --batch-size is given].")
-    batch_size: int | None = option("--batch-size", default=None, type=int, help="Sentences per batch (at most).")
+    batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
+                                    help="Sentences per batch (at most).")
     device: str = option(
         "--device", default="cpu", cli_default=None,
         help="cpu, cuda or cuda:N [default: cuda when available (and not --precision int8), else cpu].")
@@ -327,6 +358,9 @@ class TranslateConfig:
                 raise NmtError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
         if self.buffer_size < 1:
             raise NmtError(f"--buffer-size must be >= 1 (got {self.buffer_size})")
+        if self.remove_bpe is not None and self.output_format == "bpe":
+            raise NmtError("--remove-bpe removes the pieces that --output-format bpe writes: use --output-format "
+                           "text (words, pieces joined) or drop --remove-bpe")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise NmtError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
         if self.batch_size is not None and self.batch_size < 1:
@@ -397,7 +431,8 @@ class PreprocessConfig:
     joined_dictionary: bool = flag_option("--joined-dictionary",
                                           help="One dictionary for both languages (needed to share embeddings).")
     workers: int = option("--workers", default=1, show_default=True,
-                          help="Processes for tokenization, BPE and binarization.")
+                          help="Processes for tokenization, BPE and binarization; more than the usable CPUs run as "
+                               "that many (the output is the same for any number).")
     thresholdsrc: int = option("--thresholdsrc", default=0, show_default=True,
                                help="Drop source symbols seen fewer times (they map to <unk>).")
     thresholdtgt: int = option("--thresholdtgt", default=0, show_default=True,
@@ -458,7 +493,8 @@ class PreprocessConfig:
                 raise NmtError(f"{flag} must be a plain language code like 'en' (got {lang!r})")
         if self.source_lang == self.target_lang:
             raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
-        check_cpu_count("--workers", self.workers)
+        if self.workers < 1:  # above the CPUs is fine: fairseq's recipes say --workers 20 (preprocess/run.py)
+            raise NmtError(f"--workers must be >= 1 (got {self.workers})")
         if self.tokenizer not in PREPROCESS_TOKENIZERS:
             raise NmtError(f"--tokenizer must be one of {', '.join(PREPROCESS_TOKENIZERS)} (got {self.tokenizer!r})")
         if self.bpe not in PREPROCESS_BPE:

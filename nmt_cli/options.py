@@ -36,6 +36,7 @@ class Flag:
     required: bool = False
     multiple: bool = False
     is_flag: bool = False
+    flag_value: Any = None  # the value of an option given without one (fairseq's `--remove-bpe`)
     argument: bool = False  # a positional argument instead of an option
     # What click passes when the flag is absent, where that is not the field's default: a
     # value that `to_value` turns into it, or None for one the command resolves (translate's --device).
@@ -105,6 +106,8 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
             extra["metavar"] = flag.metavar
         if flag.is_flag:
             extra["is_flag"] = True
+        if flag.flag_value is not None:
+            extra["is_flag"], extra["flag_value"] = False, flag.flag_value
         kind = _click_type(flag, field, overrides)
         if kind is not None:
             extra["type"] = kind
@@ -205,6 +208,11 @@ class Alias:
     argument: bool = False  # an optional positional argument (fairseq's data directory)
     # Another alias this one only makes sense with (nmt's one setting for two of fairseq's).
     together_with: str | None = None
+
+    @property
+    def shown_name(self) -> str:
+        """How messages name it: the flag, or a positional argument's metavar."""
+        return (self.metavar or self.decl).strip("[]") if self.argument else self.decl
 
     @property
     def param_name(self) -> str:
@@ -348,11 +356,11 @@ def apply_aliases(config_class: type, params: dict[str, Any], values: dict[str, 
         for name, value in (settings or {}).items():
             current = values.get(name, defaults.get(name))
             if name in set_by and current != value:
-                raise NmtError(f"{alias.decl} and {set_by[name]} ask for different --{name.replace('_', '-')}")
+                raise NmtError(f"{alias.shown_name} and {set_by[name]} ask for different --{name.replace('_', '-')}")
             if current != defaults.get(name) and current != value and name not in set_by:
-                raise NmtError(f"{alias.decl} means --{name.replace('_', '-')} {_shown(value)}, "
+                raise NmtError(f"{alias.shown_name} means --{name.replace('_', '-')} {_shown(value)}, "
                                f"but --{name.replace('_', '-')} {_shown(current)} is given too")
-            values[name], set_by[name] = value, alias.decl
+            values[name], set_by[name] = value, alias.shown_name
     return values
 
 

@@ -147,3 +147,28 @@ def load_text_sides(directory: Path, loaded: LoadedModels, checkpoint: str, need
 def _read_languages(directory: Path) -> tuple[str, str]:
     meta: dict[str, Any] = read_meta(directory)
     return str(meta.get("source_lang", "")), str(meta.get("target_lang", ""))
+
+
+def check_fairseq_interactive_flags(cfg: Any, directory: Path, loaded: LoadedModels) -> None:
+    """fairseq-interactive's --source-lang/--target-lang/--tokenizer/--bpe/--bpe-codes (a
+    TranslateConfig's) name what the model and its meta.json already fix: accepted when
+    they agree, one error line when they do not (nmt never applies another pipeline)."""
+    for flag, given, actual in (("--source-lang", cfg.source_lang, loaded.source_lang),
+                                ("--target-lang", cfg.target_lang, loaded.target_lang)):
+        if given is not None and given != actual:
+            raise NmtError(f"{flag} {given}: the model translates {loaded.source_lang}-{loaded.target_lang}")
+    if cfg.tokenizer is None and cfg.bpe is None and cfg.bpe_codes is None:
+        return
+    meta_path = directory / "meta.json"
+    meta: dict[str, Any] = read_meta(directory) if meta_path.is_file() else {}
+    tokenizer = str((meta.get("tokenizer") or {}).get("name", "none"))
+    if cfg.tokenizer is not None and {"space": "none"}.get(cfg.tokenizer, cfg.tokenizer) != tokenizer:
+        raise NmtError(f"--tokenizer {cfg.tokenizer}: {meta_path} tokenizes with {tokenizer}, which nmt applies itself")
+    bpe_entry = meta.get("bpe") or {}
+    bpe = str(bpe_entry.get("type", "sentencepiece")) if bpe_entry else "none"
+    if cfg.bpe is not None and cfg.bpe != bpe:
+        raise NmtError(f"--bpe {cfg.bpe}: {meta_path} segments with {bpe}, which nmt applies itself")
+    if cfg.bpe_codes is not None:
+        codes = directory / str(bpe_entry.get("codes", "")) if bpe == "subword_nmt" else None
+        if codes is None or not codes.is_file() or codes.read_bytes() != Path(cfg.bpe_codes).read_bytes():
+            raise NmtError(f"--bpe-codes {cfg.bpe_codes}: not the BPE codes of {directory} (nmt applies those itself)")

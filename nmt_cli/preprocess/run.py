@@ -17,7 +17,7 @@ import itertools
 import json
 import shutil
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.machine import usable_cpus
 from nmt_cli.preprocess.clean import CleanSettings
 from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.preprocess.segmented import resolve_segmentation
@@ -100,6 +101,9 @@ def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
 
 
 def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
+    if cfg.workers > usable_cpus():  # the output is the same for any number of workers
+        reporter.log(f"--workers {cfg.workers}: using the {usable_cpus()} usable CPU(s)")
+        cfg = replace(cfg, workers=usable_cpus())
     cfg, segmented_marker = resolve_segmentation(cfg)
     if segmented_marker is not None:
         reporter.log(f"the training text is already segmented ({segmented_marker.strip()!r} pieces): "

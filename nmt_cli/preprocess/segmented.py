@@ -51,7 +51,7 @@ def find_segmentation(path: Path, sample_lines: int = SAMPLE_LINES) -> Segmentat
                 if not tokens:
                     continue
                 seen += 1
-                if any(token.endswith("@@") for token in tokens[:-1]):
+                if any(_continues(token) for token in tokens[:-1]):
                     subword_lines.append(number)
                 if tokens[0].startswith(SENTENCEPIECE):
                     sentencepiece_lines.append(number)
@@ -64,6 +64,11 @@ def find_segmentation(path: Path, sample_lines: int = SAMPLE_LINES) -> Segmentat
     if seen and len(sentencepiece_lines) >= SENTENCEPIECE_SHARE * seen:
         return Segmentation(SENTENCEPIECE, path, sentencepiece_lines[0])
     return None
+
+
+def _continues(token: str) -> bool:
+    """A subword-nmt piece continued by the next one: `qu@@` (a bare `@@` is a symbol, not a piece)."""
+    return token.endswith("@@") and len(token) > 2 and token[-3] != "@"
 
 
 def resolve_segmentation(cfg: PreprocessConfig) -> tuple[PreprocessConfig, str | None]:
