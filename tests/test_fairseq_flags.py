@@ -361,7 +361,7 @@ FAIRSEQ_PYTHON = os.environ.get("NMT_FAIRSEQ_PYTHON")
 
 
 @pytest.mark.skipif(not FAIRSEQ_PYTHON, reason="set NMT_FAIRSEQ_PYTHON to the fairseq environment's python")
-@pytest.mark.parametrize("extra", [[], ["--joined-dictionary", "--nwordssrc", "30"], ["--thresholdsrc", "40"],
+@pytest.mark.parametrize("extra", [[], ["--joined-dictionary", "--nwordssrc", "30"], ["--thresholdsrc", "10", "--thresholdtgt", "20"],
                                    ["--nwordssrc", "20", "--nwordstgt", "25"]])
 def test_dictionaries_equal_fairseq_preprocess(extra: list[str], tmp_path: Path) -> None:
     write_segmented(tmp_path / "text", {"train": 80, "valid": 10}, ("de", "en"), seed=5)
