@@ -833,7 +833,8 @@ class TrainConfig:
     valid_subset: str = option("--valid-subset", default="valid", help="Split to validate on.")
     # Batching: padded tokens per batch, sentences per batch, accumulation.
     max_tokens: int | None = option("--max-tokens", default=4096, type=int,
-                                    help="Padded tokens per batch: batch size * max(source length, target length).")
+                                    help="Padded tokens per batch: batch size * max(source length, target length) "
+                                         "(fairseq has no default).")
     batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
                                     help="Most sentences per batch.")
     required_batch_size_multiple: int = option(
@@ -843,7 +844,8 @@ class TrainConfig:
                               help="Accumulate gradients over N batches per update (N times the batch, same memory).")
     # Optimisation.
     lr: float = option("--lr", default=5e-4, type=float,
-                       help="Peak learning rate (inverse_sqrt, fixed), or multiplier of the paper's formula (noam).")
+                       help="Peak learning rate (inverse_sqrt, fixed), or multiplier of the paper's formula (noam); "
+                            "fairseq's default is 0.25.")
     lr_scheduler: str = option(
         "--lr-scheduler", default="inverse_sqrt", choices=LR_SCHEDULERS,
         help="inverse_sqrt: linear warm-up to --lr, then lr*sqrt(warmup/step) (fairseq). "

@@ -172,6 +172,34 @@ def test_interactive_style_translate_with_a_positional_data_directory(iwslt: Pat
     assert "@@" not in plain.stdout  # pieces joined back into words
 
 
+def test_interactive_command_as_written_for_a_run_with_moses_and_subword_nmt(iwslt: Path, tmp_path: Path) -> None:
+    """fairseq-interactive's README command, on a run directory whose meta.json says Moses and
+    subword-nmt codes (as `nmt import-fairseq` writes for fairseq's models): accepted as written."""
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(iwslt / "checkpoints", model_dir, ignore=shutil.ignore_patterns("checkpoint_last.pt"))
+    (model_dir / "checkpoint_best.pt").rename(model_dir / "model.pt")
+    codes = "#version: 0.2\nq u\nqu i\n"
+    (model_dir / "bpe.codes").write_text(codes, encoding="utf-8")
+    (model_dir / "bpecodes").write_text(codes, encoding="utf-8")  # the file fairseq's command names
+    meta = json.loads((model_dir / "meta.json").read_text())
+    meta.pop("segmented_input")
+    meta |= {"tokenizer": {"name": "moses", "normalize_punctuation": False, "aggressive_dash_splits": True,
+                           "escape": True},
+             "bpe": {"type": "subword_nmt", "codes": "bpe.codes", "separator": "@@"}}
+    (model_dir / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    source = tmp_path / "input.de"
+    source.write_text("quick fox.\n", encoding="utf-8")
+    args = nmt_args(INTERACTIVE.replace("en --target-lang fr", "de --target-lang en"), MODEL_DIR=str(model_dir))
+    result = nmt(args + ["-i", source, *SHORT_OUTPUT])
+    assert result.exit_code == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1
+    (model_dir / "bpecodes").write_text(codes + "f o\n", encoding="utf-8")
+    result = nmt(args + ["-i", source, *SHORT_OUTPUT])
+    assert result.exit_code == 1 and result.stderr.startswith(f"error: --bpe-codes {model_dir}/bpecodes: not the BPE codes")
+
+
 def test_interactive_flags_that_disagree_with_the_model_are_refused(iwslt: Path) -> None:
     run = iwslt / "checkpoints"
     source = iwslt / "one.de"
