@@ -42,7 +42,9 @@ def _default_device(precision: str) -> str:
 @click_options(TranslateConfig)
 @click_options(Streams)
 def translate(**params: Any) -> None:
-    """Translate text with beam search: exactly one output line per input line, in order.
+    """Translate text with beam search: one output line per input line (N with --nbest N), in order.
+
+    DATA_DIR, as fairseq-interactive's, is the same as --data-bin.
 
     \b
     With --nbest N, text and bpe output have N lines per input line, best first.
