@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
-from nmt_cli.options import (Alias, Refused, choice_alias, flag_option, no_effect_alias, option, switch_alias,
-                             value_alias)
+from nmt_cli.options import (Alias, Refused, choice_alias, flag_option, no_effect_alias, option, refused_alias,
+                             switch_alias, value_alias)
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -800,6 +800,7 @@ TRAIN_FAIRSEQ_ALIASES: tuple[Alias, ...] = (
     no_effect_alias("--num-workers", type=int,
                     help="fairseq's; no effect: nmt reads memory-mapped data in the training process."),
     no_effect_alias("--no-progress-bar", help="fairseq's; no effect: nmt shows progress only on a terminal."),
+    refused_alias("--force-anneal", "nmt's schedulers (inverse_sqrt, noam, fixed) have no forced annealing", type=str),
 )
 
 
@@ -818,9 +819,9 @@ class TrainConfig:
     arch: str = option("--arch", "-a", default="transformer_base", refuse=refuse_other_model_family,
                        help="Architecture preset (see `nmt info --arch NAME`); fairseq's Transformer names "
                             "too (transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big, ...).")
-    save_dir: str = option(
-        "--save-dir", required=True,
-        help="Run directory for checkpoints, train_log.jsonl and config.json. If it holds checkpoint_last.pt, "
+    save_dir: str = option(  # fairseq's default name, so that its commands run unchanged
+        "--save-dir", default="checkpoints",
+        help="Run directory for checkpoints, train_log.jsonl and config.json (fairseq's default). If it holds checkpoint_last.pt, "
              "training resumes from it (on the same data-bin only). One training run at a time may use it (a "
              "lock, .NAME.lock beside it, says which process has it). Under torchrun only global rank 0 writes; a "
              "rank whose --save-dir lacks checkpoint_last.pt is sent rank 0's, and a rank holding another one than "

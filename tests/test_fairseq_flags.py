@@ -56,6 +56,11 @@ WMT14_EN_FR_TRAIN = ("fairseq-train data-bin/wmt14_en_fr --arch transformer_wmt_
                      "--log-format json --log-interval 1 --restore-file checkpoint_last.pt "
                      "--encoder-normalize-before --decoder-normalize-before --no-epoch-checkpoints --max-epoch 5 "
                      "--patience 3 --seed 2 --cpu --num-workers 4 --no-progress-bar")
+# examples/translation's convolutional models: refused by name, at the first flag nmt cannot honour.
+FCONV_WMT14_EN_FR_TRAIN = ("fairseq-train data-bin/wmt14_en_fr --arch fconv_wmt_en_fr --dropout 0.1 "
+                           "--criterion label_smoothed_cross_entropy --label-smoothing 0.1 --optimizer nag "
+                           "--clip-norm 0.1 --lr 0.5 --lr-scheduler fixed --force-anneal 50 --max-tokens 3000 "
+                           "--save-dir checkpoints/fconv_wmt_en_fr")
 # The validation-BLEU flags belong to nmt's validation-BLEU feature; left out where it is absent.
 VALIDATION_BLEU_FLAGS = ("--eval-bleu", "--eval-bleu-args", "--eval-bleu-detok", "--eval-bleu-remove-bpe",
                          "--eval-bleu-print-samples", "--best-checkpoint-metric", "--maximize-best-checkpoint-metric")
@@ -128,7 +133,7 @@ def iwslt(tmp_path_factory) -> Path:
     try:
         result = nmt(nmt_args(IWSLT14_PREPROCESS, TEXT="text"))
         assert result.exit_code == 0, result.output
-        train = without_validation_bleu(nmt_args(IWSLT14_TRAIN)) + ["--save-dir", "checkpoints", *TINY_MODEL]
+        train = without_validation_bleu(nmt_args(IWSLT14_TRAIN)) + TINY_MODEL  # fairseq's --save-dir: checkpoints
         result = nmt(train)
         assert result.exit_code == 0, result.output
     finally:
@@ -243,7 +248,7 @@ def test_wmt14_preprocess_and_big_training_commands_run(tmp_path: Path, monkeypa
     for fairseqs, ours in small.items():
         command = command.replace(fairseqs, ours)
     args = nmt_args(command)
-    result = nmt(args + ["--save-dir", "checkpoints", "--cpu", *TINY_MODEL])
+    result = nmt(args + TINY_MODEL)
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "checkpoints" / "config.json").read_text())
     assert config["arch"] == "transformer_vaswani_wmt_en_de_big" and config["model"]["share_all_embeddings"]
@@ -330,6 +335,21 @@ def test_refused_flags_and_values_name_themselves_in_one_line(args: list[str], l
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_convolutional_recipe_is_refused_by_name(tmp_path: Path) -> None:
+    args = nmt_args(FCONV_WMT14_EN_FR_TRAIN.replace("data-bin/wmt14_en_fr", str(tmp_path)))
+    # Each refused flag is named when it is the first one left on the command line.
+    for dropped, message in (((), "error: --arch fconv_wmt_en_fr: fairseq's convolutional model"),
+                             (("--arch",), "error: --optimizer nag: nmt trains with Adam only"),
+                             (("--arch", "--optimizer"), "error: --force-anneal 50: nmt's schedulers")):
+        kept = list(args)
+        for flag in dropped:
+            del kept[kept.index(flag):kept.index(flag) + 2]
+        result = nmt(kept)
+        assert result.exit_code == 2 and result.stderr.startswith(message), result.stderr
+        assert len(result.stderr.splitlines()) == 1
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_one_of_fairseqs_two_normalize_before_flags_alone_is_an_error(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from nmt_cli.options import SAME, aliases_of, config_from_params, flag_fields
 # command -> (configs its options come from, ModelConfig overrides or not, the required
 # arguments of a minimal command line, parameters of the command's own that no config holds)
 COMMANDS = {
-    "train": ((TrainConfig,), True, ["data-bin", "--save-dir", "run"], set()),
+    "train": ((TrainConfig,), True, ["data-bin"], set()),
     "translate": ((TranslateConfig, Streams), False, ["--path", "a.pt"], set()),
     "preprocess": ((PreprocessConfig,), False, ["-s", "en", "-t", "de", "--trainpref", "raw/train"], set()),
     "learn-bpe": ((LearnBpeConfig,), False, ["--input", "a.txt", "--vocab-size", "100", "--model-prefix", "bpe"], set()),
