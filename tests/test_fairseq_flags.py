@@ -205,6 +205,25 @@ def test_interactive_command_as_written_for_a_run_with_moses_and_subword_nmt(iws
     assert result.exit_code == 1 and result.stderr.startswith(f"error: --bpe-codes {model_dir}/bpecodes: not the BPE codes")
 
 
+def test_interactive_bpe_codes_segment_raw_input_for_a_data_bin_of_segmented_text(iwslt: Path) -> None:
+    """The data was segmented before preprocessing: fairseq-interactive's --tokenizer moses
+    --bpe subword_nmt --bpe-codes say how, and raw text is segmented that way."""
+    run = iwslt / "checkpoints"
+    codes = iwslt / "bpecodes"
+    # Hand-applied: "quick" -> q u i c k</w> -> qu i c k</w> -> qu ic k</w> -> qu ick</w>: "qu@@ ick".
+    codes.write_text("#version: 0.2\nq u\ni c\nic k</w>\n", encoding="utf-8")
+    raw, segmented = iwslt / "raw.de", iwslt / "segmented.de"
+    raw.write_text("quick.\n", encoding="utf-8")
+    segmented.write_text("qu@@ ick .\n", encoding="utf-8")
+    base = ["translate", "--path", run / "checkpoint_best.pt", run, "--output-format", "bpe", *SHORT_OUTPUT]
+    interactive = nmt(base + ["-i", raw, "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", codes])
+    pieces = nmt(base + ["-i", segmented, "--input-format", "bpe"])
+    assert interactive.exit_code == 0 and pieces.exit_code == 0, interactive.stderr
+    assert interactive.stdout == pieces.stdout and interactive.stdout.strip()
+    missing = nmt(base + ["-i", raw, "--bpe", "subword_nmt"])
+    assert missing.exit_code == 1 and missing.stderr.startswith("error: --bpe subword_nmt needs --bpe-codes FILE")
+
+
 def test_interactive_flags_that_disagree_with_the_model_are_refused(iwslt: Path) -> None:
     run = iwslt / "checkpoints"
     source = iwslt / "one.de"
@@ -212,7 +231,7 @@ def test_interactive_flags_that_disagree_with_the_model_are_refused(iwslt: Path)
     base = ["translate", "--path", run / "checkpoint_best.pt", "-i", source, *SHORT_OUTPUT]
     for extra, message in ((["--source-lang", "fr"], "error: --source-lang fr: the model translates de-en"),
                            (["--tokenizer", "moses"], "error: --tokenizer moses: "),
-                           (["--bpe", "subword_nmt"], "error: --bpe subword_nmt: "),
+                           (["--bpe", "sentencepiece"], "error: --bpe sentencepiece: "),
                            (["--remove-bpe", "--output-format", "bpe"], "error: --remove-bpe removes the pieces")):
         result = nmt(base + extra)
         assert result.exit_code == 1 and result.stderr.startswith(message), result.stderr

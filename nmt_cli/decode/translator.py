@@ -21,7 +21,7 @@ from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.lines import InputLine
-from nmt_cli.decode.loading import (LoadedModels, TextSides, check_fairseq_interactive_flags, load_models,
+from nmt_cli.decode.loading import (LoadedModels, TextSides, fairseq_interactive_text, load_models,
                                    load_text_sides, text_directory)
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
@@ -110,7 +110,7 @@ class Translator:
         if cfg.data_bin is not None:
             need_source = need_target = True  # an explicit --data-bin is always checked
         self.text: TextSides = load_text_sides(directory, self.models, cfg.checkpoints[0], need_source, need_target)
-        check_fairseq_interactive_flags(cfg, directory, self.models)
+        self.text = fairseq_interactive_text(cfg, directory, self.models) or self.text
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.decode.seed)
 
     def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
