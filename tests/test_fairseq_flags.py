@@ -133,6 +133,7 @@ def iwslt(tmp_path_factory) -> Path:
     try:
         result = nmt(nmt_args(IWSLT14_PREPROCESS, TEXT="text"))
         assert result.exit_code == 0, result.output
+        assert "input already segmented ('@@' pieces): taken as it is" in result.stdout
         train = without_validation_bleu(nmt_args(IWSLT14_TRAIN)) + TINY_MODEL  # fairseq's --save-dir: checkpoints
         result = nmt(train)
         assert result.exit_code == 0, result.output

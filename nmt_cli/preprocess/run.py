@@ -317,5 +317,8 @@ def summary_lines(result: PreprocessResult) -> list[str]:
     dropped = ", ".join(f"{n} {reason}" for reason, n in cleaning["dropped"].items() if n) or "none"
     lines.append(f"train cleaning: kept {cleaning['pairs_kept']} of {cleaning['pairs_read']} pairs; dropped: {dropped}")
     lines.append("dictionary: " + ", ".join(f"{lang} {n} symbols" for lang, n in meta["dictionary_size"].items()))
+    if meta.get("segmented_input"):
+        lines.append(f"input already segmented ({meta['segmented_input'].strip()!r} pieces): taken as it is, "
+                     "without normalization, tokenization or BPE")
     lines.append(f"time: {result.seconds:.1f}s")
     return lines
