@@ -12,11 +12,12 @@ import re
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
-from nmt_cli.options import flag_option, option
+from nmt_cli.options import (Alias, Refused, choice_alias, flag_option, no_effect_alias, option, refused_alias,
+                             switch_alias, value_alias)
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -40,9 +41,39 @@ def check_seed(seed: int, flag: str = "--seed", smallest: int = 0) -> None:
         raise NmtError(f"{flag} must be between {smallest} and {MAX_SEED} (got {seed})")
 
 
+# fairseq's model families that nmt does not build (`--arch NAME` starting with the key).
+OTHER_MODEL_FAMILIES = {
+    "fconv": "fairseq's convolutional model",
+    "lstm": "an LSTM",
+    "lightconv": "fairseq's lightweight convolutions",
+    "light_conv": "fairseq's lightweight convolutions",
+    "transformer_lm": "a language model",
+    "bart": "BART",
+    "mbart": "mBART",
+    "hf_": "a Hugging Face model",
+}
+
+
+def refuse_other_model_family(arch: str) -> Refused | None:
+    """--arch of a model family nmt does not build, named as such (other names: the registry's list)."""
+    for prefix, family in OTHER_MODEL_FAMILIES.items():
+        if arch.startswith(prefix):
+            return Refused(f"{family}; nmt builds encoder-decoder Transformers only "
+                           "(e.g. --arch transformer_wmt_en_de; `nmt info --arch NAME` shows one)")
+    return None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """An encoder-decoder Transformer. Field names follow fairseq's flags."""
+
+    # fairseq sets pre-norm per stack; nmt has one setting for both, so it takes the pair.
+    ALIASES: ClassVar[tuple[Alias, ...]] = (
+        Alias("--encoder-normalize-before", "fairseq's: with --decoder-normalize-before, --normalize-before.",
+              lambda _: {"normalize_before": True}, together_with="--decoder-normalize-before"),
+        Alias("--decoder-normalize-before", "fairseq's: with --encoder-normalize-before, --normalize-before.",
+              lambda _: {"normalize_before": True}, together_with="--encoder-normalize-before"),
+    )
 
     encoder_embed_dim: int = option("--encoder-embed-dim", default=512, help="Encoder model dimension (d_model).")
     encoder_ffn_embed_dim: int = option("--encoder-ffn-embed-dim", default=2048,
@@ -104,55 +135,6 @@ class ModelConfig:
         if self.share_all_embeddings and self.encoder_embed_dim != self.decoder_embed_dim:
             raise NmtError("--share-all-embeddings needs --encoder-embed-dim == --decoder-embed-dim")
 
-    def _check_eval_bleu(self) -> None:
-        metric = self.best_checkpoint_metric
-        if self.maximize_best_checkpoint_metric and metric not in MAXIMIZED_METRICS:
-            raise NmtError(f"--maximize-best-checkpoint-metric contradicts --best-checkpoint-metric {metric}: "
-                           f"lower {metric} is better (only {', '.join(MAXIMIZED_METRICS)} are maximized)")
-        if metric in MAXIMIZED_METRICS and not self.eval_bleu:
-            raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
-        if self.eval_bleu and self.disable_validation:
-            raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
-        if self.keep_best_checkpoints < -1 or self.keep_best_checkpoints == 0:
-            raise NmtError("--keep-best-checkpoints must be a positive count or -1 for none")
-        if self.eval_bleu_subset_lines < 0:
-            raise NmtError(f"--eval-bleu-subset-lines must be >= 0 (got {self.eval_bleu_subset_lines})")
-        if self.eval_bleu_detok is not None and self.eval_bleu_detok not in EVAL_BLEU_DETOK:
-            raise NmtError(f"--eval-bleu-detok {self.eval_bleu_detok} is not supported: nmt detokenizes as the "
-                           f"data-bin's meta.json says (accepted: {', '.join(EVAL_BLEU_DETOK)})")
-        self.eval_bleu_search()  # the search settings are checked as translate's are
-
-    def eval_bleu_search(self) -> DecodeConfig:
-        """The beam search of --eval-bleu: its flags, or fairseq's --eval-bleu-args JSON."""
-        values = {key: getattr(self, name) for key, name in EVAL_BLEU_ARGS.items()}
-        if self.eval_bleu_args is not None:
-            try:
-                given = json.loads(self.eval_bleu_args)
-            except ValueError as error:
-                raise NmtError(f"--eval-bleu-args {self.eval_bleu_args!r} is not JSON ({error})") from None
-            if not isinstance(given, dict):
-                raise NmtError(f"--eval-bleu-args must be a JSON object such as '{{\"beam\": 5}}' (got {self.eval_bleu_args!r})")
-            unknown = sorted(set(given) - set(EVAL_BLEU_ARGS))
-            if unknown:
-                raise NmtError(f"--eval-bleu-args: {', '.join(unknown)} not supported by nmt (it takes "
-                               f"{', '.join(EVAL_BLEU_ARGS)})")
-            defaults = {f.name: f.default for f in fields(self)}
-            for key, value in given.items():
-                name = EVAL_BLEU_ARGS[key]
-                expected = int if key in ("beam", "max_len_b") else (int, float)
-                if isinstance(value, bool) or not isinstance(value, expected):
-                    raise NmtError(f"--eval-bleu-args: {key} must be a number (got {json.dumps(value)})")
-                flag_value = getattr(self, name)
-                if flag_value != defaults[name] and flag_value != value:
-                    raise NmtError(f"--eval-bleu-args gives {key} {value} but --{name.replace('_', '-')} is "
-                                   f"{flag_value}; give one of them")
-                values[key] = value
-        try:
-            return DecodeConfig(beam=values["beam"], lenpen=float(values["lenpen"]),
-                                max_len_a=float(values["max_len_a"]), max_len_b=values["max_len_b"])
-        except NmtError as error:  # DecodeConfig names translate's flags
-            raise NmtError(f"--eval-bleu search settings: {error}") from None
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -200,8 +182,8 @@ class DecodeConfig:
 
     beam: int = option("--beam", default=5, show_default=True, help="Beam size (1: greedy decoding).")
     nbest: int = option("--nbest", default=1, show_default=True,
-                        help="Hypotheses kept per sentence; text and bpe output print the best only, "
-                             "jsonl output lists all of them under \"nbest\".")
+                        help="Hypotheses kept per sentence, best first: text and bpe output print N lines per "
+                             "input line (N empty lines for an empty one); jsonl output lists them under \"nbest\".")
     lenpen: float = option("--lenpen", default=1.0, show_default=True,
                            help="Length penalty exponent alpha (the paper: 0.6 with --lenpen-style gnmt).")
     # "fairseq": score / len**lenpen; "gnmt": score / ((5 + len) / 6)**lenpen. len counts </s>.
@@ -274,9 +256,21 @@ ERROR_POLICIES = ("strict", "replace")
 DEFAULT_BUFFER_SIZE = 2000
 
 
+# The text pipeline fairseq-interactive is told with --tokenizer/--bpe; nmt reads it from meta.json.
+INTERACTIVE_TOKENIZERS = ("moses", "space", "none")
+INTERACTIVE_BPE = ("subword_nmt", "sentencepiece", "none")
+
+
 @dataclass(frozen=True)
 class TranslateConfig:
     """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
+
+    # fairseq-interactive's ways of writing these settings.
+    ALIASES: ClassVar[tuple[Alias, ...]] = (
+        Alias("data", "", lambda path: {"data_bin": path}, type=str, metavar="[DATA_DIR]", argument=True),
+        switch_alias("--cpu", {"device": "cpu"}, help="fairseq's: --device cpu."),
+        switch_alias("--fp16", {"precision": "fp16"}, help="fairseq's: --precision fp16."),
+    )
 
     checkpoints: tuple[str, ...] = option(
         "--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
@@ -287,6 +281,24 @@ class TranslateConfig:
         help="Directory with meta.json, dict.*.txt and the BPE model(s) [default: the checkpoint's "
              "directory, where training copies them]. Its dictionaries must match the checkpoint's.")
     decode: DecodeConfig = DecodeConfig()
+    # fairseq-interactive's flags naming what meta.json already says: checked against it, never ignored.
+    source_lang: str | None = option("--source-lang", "-s", default=None, metavar="LANG",
+                                     help="fairseq's; must be the model's source language [default: the model's].")
+    target_lang: str | None = option("--target-lang", "-t", default=None, metavar="LANG",
+                                     help="fairseq's; must be the model's target language [default: the model's].")
+    tokenizer: str | None = option(
+        "--tokenizer", default=None, choices=INTERACTIVE_TOKENIZERS,
+        help="fairseq's; must be the tokenizer of the data directory's meta.json [default: meta.json's] "
+             "(space: none).")
+    bpe: str | None = option("--bpe", default=None, choices=INTERACTIVE_BPE,
+                             help="fairseq's; must be the BPE of the data directory's meta.json [default: meta.json's].")
+    bpe_codes: str | None = option(
+        "--bpe-codes", default=None, path="file", metavar="FILE",
+        help="fairseq's; must hold the same codes as the data directory's [default: the data directory's].")
+    remove_bpe: str | None = option(
+        "--remove-bpe", default=None, flag_value="@@ ", metavar="[MARKER]",
+        help="fairseq's; text and jsonl output always join pieces into words, so it changes nothing there "
+             "[default: off]; refused with --output-format bpe, whose output is the pieces.")
     input_format: str = option(
         "--input-format", default="raw", choices=INPUT_FORMATS, show_default=True,
         help="raw: plain text (tokenized and BPE-segmented as in preprocessing); bpe: space-separated "
@@ -303,7 +315,8 @@ class TranslateConfig:
     max_tokens: int | None = option(
         "--max-tokens", default=None, type=int,
         help="Source tokens per batch, padding included [default: 4096 unless --batch-size is given].")
-    batch_size: int | None = option("--batch-size", default=None, type=int, help="Sentences per batch (at most).")
+    batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
+                                    help="Sentences per batch (at most).")
     device: str = option(
         "--device", default="cpu", cli_default=None,
         help="cpu, cuda or cuda:N [default: cuda when available (and not --precision int8), else cpu].")
@@ -349,6 +362,9 @@ class TranslateConfig:
                 raise NmtError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
         if self.buffer_size < 1:
             raise NmtError(f"--buffer-size must be >= 1 (got {self.buffer_size})")
+        if self.remove_bpe is not None and self.output_format == "bpe":
+            raise NmtError("--remove-bpe removes the pieces that --output-format bpe writes: use --output-format "
+                           "text (words, pieces joined) or drop --remove-bpe")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise NmtError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
         if self.batch_size is not None and self.batch_size < 1:
@@ -376,8 +392,9 @@ class TranslateConfig:
 
 # --- preprocessing (nmt preprocess) ----------------------------------------------------
 
-PREPROCESS_TOKENIZERS = ("moses", "none")
-PREPROCESS_BPE = ("sentencepiece", "none")
+# auto: none for text already segmented into subword pieces (nmt_cli/preprocess/segmented.py), else moses / sentencepiece.
+PREPROCESS_TOKENIZERS = ("auto", "moses", "none")
+PREPROCESS_BPE = ("auto", "sentencepiece", "none")
 # Sentences sampled to learn BPE (`nmt preprocess --bpe-sample`, `nmt learn-bpe --sample`).
 DEFAULT_BPE_SAMPLE = 2_000_000
 
@@ -418,7 +435,8 @@ class PreprocessConfig:
     joined_dictionary: bool = flag_option("--joined-dictionary",
                                           help="One dictionary for both languages (needed to share embeddings).")
     workers: int = option("--workers", default=1, show_default=True,
-                          help="Processes for tokenization, BPE and binarization.")
+                          help="Processes for tokenization, BPE and binarization; more than the usable CPUs run as "
+                               "that many (the output is the same for any number).")
     thresholdsrc: int = option("--thresholdsrc", default=0, show_default=True,
                                help="Drop source symbols seen fewer times (they map to <unk>).")
     thresholdtgt: int = option("--thresholdtgt", default=0, show_default=True,
@@ -433,15 +451,20 @@ class PreprocessConfig:
         help="Reuse this source dictionary instead of building one (needs --bpe-model or --bpe none).")
     tgtdict: Path | None = option("--tgtdict", default=None, type=str, to_value=optional_path,
                                   help="Reuse this target dictionary instead of building one.")
-    tokenizer: str = option("--tokenizer", default="moses", choices=PREPROCESS_TOKENIZERS, show_default=True,
-                            help="moses: sacremoses tokenization (no escaping); none: split on whitespace only.")
-    normalize_punctuation: bool = option(
-        "--normalize-punctuation/--no-normalize-punctuation", default=True, show_default=True,
-        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing.")
+    tokenizer: str = option(
+        "--tokenizer", default="auto", choices=PREPROCESS_TOKENIZERS, show_default=True,
+        help="moses: sacremoses tokenization (no escaping); none: split on whitespace only; auto: none when the "
+             "training text is already segmented into subword pieces ('@@ ' or '▁'), else moses.")
+    # None: on, unless the text is already segmented (taken as it is, as fairseq-preprocess does).
+    normalize_punctuation: bool | None = option(
+        "--normalize-punctuation/--no-normalize-punctuation", default=None,
+        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing "
+             "[default: on, off for text already segmented into subword pieces].")
     aggressive_dash_splits: bool = flag_option("--aggressive-dash-splits",
                                                help="Moses -a: split hyphenated words (A-B -> A @-@ B).")
-    bpe: str = option("--bpe", default="sentencepiece", choices=PREPROCESS_BPE, show_default=True,
-                      help="Subword segmentation; none: the text is already segmented.")
+    bpe: str = option("--bpe", default="auto", choices=PREPROCESS_BPE, show_default=True,
+                      help="Subword segmentation; none: the text is already segmented; auto: none when the "
+                           "training text holds subword pieces ('@@ ' or '▁'), else sentencepiece.")
     bpe_size: int = option("--bpe-size", default=32000, show_default=True,
                            help="BPE vocabulary size (sentencepiece pieces).")
     # Sentences sampled to learn BPE: bounds memory on huge corpora (sentencepiece holds the sample).
@@ -474,7 +497,8 @@ class PreprocessConfig:
                 raise NmtError(f"{flag} must be a plain language code like 'en' (got {lang!r})")
         if self.source_lang == self.target_lang:
             raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
-        check_cpu_count("--workers", self.workers)
+        if self.workers < 1:  # above the CPUs is fine: fairseq's recipes say --workers 20 (preprocess/run.py)
+            raise NmtError(f"--workers must be >= 1 (got {self.workers})")
         if self.tokenizer not in PREPROCESS_TOKENIZERS:
             raise NmtError(f"--tokenizer must be one of {', '.join(PREPROCESS_TOKENIZERS)} (got {self.tokenizer!r})")
         if self.bpe not in PREPROCESS_BPE:
@@ -799,6 +823,52 @@ def _parse_duration(text: str) -> float:
     return parse_duration(text)
 
 
+# fairseq's pipelines of PyTorch's DDP (nmt's) and of its own all-reduce: the same gradients.
+DDP_BACKENDS_LIKE_NMT = ("c10d", "pytorch_ddp", "no_c10d", "legacy_ddp")
+
+
+def _restore_file(name: str) -> dict[str, Any] | Refused:
+    if name == "checkpoint_last.pt":  # fairseq's default, in --save-dir: nmt resumes from it too
+        return {}
+    return Refused("nmt resumes only from SAVE_DIR/checkpoint_last.pt; to start from another checkpoint's "
+                   "weights use --finetune-from-model (fresh optimizer), or copy it to SAVE_DIR/checkpoint_last.pt")
+
+
+# fairseq-train's flags for nmt's settings, or refused with what nmt does instead
+# (the README's "Coming from fairseq" table lists them all).
+TRAIN_FAIRSEQ_ALIASES: tuple[Alias, ...] = (
+    choice_alias("--optimizer", {"adam": {}}, "nmt trains with Adam only (decoupled weight decay, as fairseq's adam)",
+                 help="fairseq's; only adam, nmt's one optimizer."),
+    choice_alias("--criterion", {"label_smoothed_cross_entropy": {}, "cross_entropy": {"label_smoothing": 0.0}},
+                 "nmt's loss is (label-smoothed) cross-entropy: label_smoothed_cross_entropy or cross_entropy",
+                 help="fairseq's: label_smoothed_cross_entropy (smoothing from --label-smoothing, whose default "
+                      "here is 0.1, fairseq's 0) or cross_entropy (--label-smoothing 0)."),
+    switch_alias("--fp16", {"precision": "fp16"}, help="fairseq's: --precision fp16."),
+    switch_alias("--memory-efficient-fp16", {"precision": "fp16"},
+                 help="fairseq's: --precision fp16 (nmt keeps float32 weights either way)."),
+    switch_alias("--bf16", {"precision": "pure-bf16"},
+                 help="fairseq's: --precision pure-bf16 (a bf16 model, float32 master weights)."),
+    switch_alias("--cpu", {"device": "cpu"}, help="fairseq's: --device cpu."),
+    value_alias("--stop-time-hours", float, lambda hours: {"max_time": hours * 3600.0}, metavar="HOURS",
+                help="fairseq's: --max-time in hours (nmt counts this invocation's time; fairseq's, the run's "
+                     "across restarts)."),
+    value_alias("--finetune-from-model", str, lambda path: {"finetune_from": path}, metavar="FILE",
+                help="fairseq's: --finetune-from."),
+    value_alias("--restore-file", str, _restore_file, metavar="FILE",
+                help="fairseq's; only checkpoint_last.pt (its default): nmt resumes from SAVE_DIR/checkpoint_last.pt."),
+    choice_alias("--ddp-backend", {name: {} for name in DDP_BACKENDS_LIKE_NMT},
+                 "nmt's multi-GPU training is PyTorch DDP (torchrun); no sharded or SlowMo training",
+                 help="fairseq's: nmt always uses PyTorch DDP (the same gradients as each of these)."),
+    choice_alias("--log-format", {name: {} for name in ("json", "simple", "tqdm", "none")},
+                 "nmt logs plain lines on stderr and JSON lines in SAVE_DIR/train_log.jsonl",
+                 help="fairseq's; no effect: nmt logs plain lines on stderr and JSON lines in SAVE_DIR/train_log.jsonl."),
+    no_effect_alias("--num-workers", type=int,
+                    help="fairseq's; no effect: nmt reads memory-mapped data in the training process."),
+    no_effect_alias("--no-progress-bar", help="fairseq's; no effect: nmt shows progress only on a terminal."),
+    refused_alias("--force-anneal", "nmt's schedulers (inverse_sqrt, noam, fixed) have no forced annealing", type=str),
+)
+
+
 @dataclass(frozen=True, kw_only=True)  # keywords only: fields in the order of `nmt train --help`
 class TrainConfig:
     """Everything `nmt train` needs besides the model's own ModelConfig.
@@ -808,12 +878,15 @@ class TrainConfig:
     Interval and limit fields use 0 for "off"; `keep_*` use -1 for "keep all".
     """
 
+    ALIASES: ClassVar[tuple[Alias, ...]] = TRAIN_FAIRSEQ_ALIASES
+
     data: str = option(argument=True, path="dir", metavar="DATA_BIN")
-    arch: str = option("--arch", "-a", default="transformer_base",
-                       help="Architecture preset (see `nmt info --arch NAME`).")
-    save_dir: str = option(
-        "--save-dir", required=True,
-        help="Run directory for checkpoints, train_log.jsonl and config.json. If it holds checkpoint_last.pt, "
+    arch: str = option("--arch", "-a", default="transformer_base", refuse=refuse_other_model_family,
+                       help="Architecture preset (see `nmt info --arch NAME`); fairseq's Transformer names "
+                            "too (transformer, transformer_wmt_en_de, transformer_vaswani_wmt_en_de_big, ...).")
+    save_dir: str = option(  # fairseq's default name, so that its commands run unchanged
+        "--save-dir", default="checkpoints",
+        help="Run directory for checkpoints, train_log.jsonl and config.json (fairseq's default). If it holds checkpoint_last.pt, "
              "training resumes from it (on the same data-bin only). One training run at a time may use it (a "
              "lock, .NAME.lock beside it, says which process has it). Under torchrun only global rank 0 writes; a "
              "rank whose --save-dir lacks checkpoint_last.pt is sent rank 0's, and a rank holding another one than "
@@ -826,7 +899,8 @@ class TrainConfig:
     valid_subset: str = option("--valid-subset", default="valid", help="Split to validate on.")
     # Batching: padded tokens per batch, sentences per batch, accumulation.
     max_tokens: int | None = option("--max-tokens", default=4096, type=int,
-                                    help="Padded tokens per batch: batch size * max(source length, target length).")
+                                    help="Padded tokens per batch: batch size * max(source length, target length) "
+                                         "(fairseq has no default).")
     batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
                                     help="Most sentences per batch.")
     required_batch_size_multiple: int = option(
@@ -836,25 +910,30 @@ class TrainConfig:
                               help="Accumulate gradients over N batches per update (N times the batch, same memory).")
     # Optimisation.
     lr: float = option("--lr", default=5e-4, type=float,
-                       help="Peak learning rate (inverse_sqrt, fixed), or multiplier of the paper's formula (noam).")
+                       help="Peak learning rate (inverse_sqrt, fixed), or multiplier of the paper's formula (noam); "
+                            "fairseq's default is 0.25.")
     lr_scheduler: str = option(
         "--lr-scheduler", default="inverse_sqrt", choices=LR_SCHEDULERS,
         help="inverse_sqrt: linear warm-up to --lr, then lr*sqrt(warmup/step) (fairseq). "
-             "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (the paper). fixed: constant --lr.")
-    warmup_updates: int = option("--warmup-updates", default=4000, type=int, help="Warm-up updates of the schedule.")
+             "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (the paper). fixed: constant --lr "
+             "(fairseq's default scheduler).")
+    warmup_updates: int = option("--warmup-updates", default=4000, type=int,
+                                 help="Warm-up updates of the schedule (fairseq's default: 4000 for inverse_sqrt).")
     warmup_init_lr: float = option("--warmup-init-lr", default=0.0, type=float,
                                    help="Learning rate at the start of inverse_sqrt warm-up.")
     adam_betas: tuple[float, float] = option(
         "--adam-betas", default=(0.9, 0.98), cli_default="(0.9, 0.98)", to_value=parse_betas,
-        help="Adam beta1 and beta2, e.g. '(0.9, 0.98)' or '0.9 0.98'.")
-    adam_eps: float = option("--adam-eps", default=1e-9, type=float, help="Adam epsilon.")
+        help="Adam beta1 and beta2, e.g. '(0.9, 0.98)' or '0.9 0.98' (the paper's; fairseq's default is (0.9, 0.999)).")
+    adam_eps: float = option("--adam-eps", default=1e-9, type=float,
+                             help="Adam epsilon (the paper's; fairseq's default is 1e-8).")
     weight_decay: float = option("--weight-decay", "--wd", default=0.0, type=float,
                                  help="Decoupled weight decay (AdamW).")
     clip_norm: float = option("--clip-norm", default=0.0, type=float,
                               help="Clip the gradient norm to this value (0: no clipping).")
     label_smoothing: float = option(
         "--label-smoothing", default=0.1, type=float,
-        help="Label smoothing epsilon (fairseq's formula: eps/(V-1) on every non-target symbol).")
+        help="Label smoothing epsilon (fairseq's formula: eps/(V-1) on every non-target symbol; the paper's 0.1, "
+             "fairseq's default 0).")
     # Stopping.
     max_update: int = option("--max-update", default=0, type=int, help="Stop after this many updates (0: no limit).")
     max_epoch: int = option("--max-epoch", default=0, type=int, help="Stop after this many epochs (0: no limit).")
@@ -878,6 +957,9 @@ class TrainConfig:
              "follow: loss and nll are minimized, bleu and chrf (they need --eval-bleu) maximized.")
     save_interval: int = option("--save-interval", default=1, type=int,
                                 help="Write checkpoint{EPOCH}.pt every N epochs (0: never).")
+    no_epoch_checkpoints: bool = flag_option(
+        "--no-epoch-checkpoints",
+        help="At epoch ends write only checkpoint_last.pt (and checkpoint_best.pt), no checkpoint{EPOCH}.pt.")
     save_interval_updates: int = option(
         "--save-interval-updates", default=0, type=int,
         help="Write checkpoint_{EPOCH}_{UPDATES}.pt and checkpoint_last.pt every N updates (0: off).")

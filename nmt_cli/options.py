@@ -13,6 +13,7 @@ click is imported only when options are generated, so the library does not need 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,11 +36,14 @@ class Flag:
     required: bool = False
     multiple: bool = False
     is_flag: bool = False
+    flag_value: Any = None  # the value of an option given without one (fairseq's `--remove-bpe`)
     argument: bool = False  # a positional argument instead of an option
     # What click passes when the flag is absent, where that is not the field's default: a
     # value that `to_value` turns into it, or None for one the command resolves (translate's --device).
     cli_default: Any = SAME
     to_value: Callable[[Any], Any] | None = None  # click's value -> the field's value
+    # click's value -> why nmt refuses it (Refused), or None: e.g. --arch of a model family nmt does not build.
+    refuse: Callable[[Any], Any] | None = None
 
 
 def option(*decls: str, default: Any = dataclasses.MISSING, **details: Any) -> Any:
@@ -103,11 +107,17 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
             extra["metavar"] = flag.metavar
         if flag.is_flag:
             extra["is_flag"] = True
+        if flag.flag_value is not None:
+            extra["is_flag"], extra["flag_value"] = False, flag.flag_value
         kind = _click_type(flag, field, overrides)
         if kind is not None:
             extra["type"] = kind
+        if flag.refuse is not None:
+            extra["callback"] = _refusing_callback(flag.decls[0].split("/")[0], flag.refuse)
         params.append(click.option(*flag.decls, field.name, help=help_text, required=flag.required,
                                    multiple=flag.multiple, **extra))
+
+    params += _alias_params_nested(config_class)
 
     def decorate(func: Callable) -> Callable:
         for param in reversed(params):
@@ -148,11 +158,212 @@ def config_from_params(config_class: type, params: dict[str, Any], **resolved: A
         elif flag_of(field) is not None:
             flag, value = flag_of(field), params[field.name]
             values[field.name] = flag.to_value(value) if flag.to_value is not None else value
-    return config_class(**values)
+    defaults = {f.name: _field_default(f) for f in dataclasses.fields(config_class)}
+    defaults.update({name: resolved[name] for name in resolved if name in defaults})
+    return config_class(**apply_aliases(config_class, params, values, defaults))
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    """The value a field gets when its flag is absent (a resolved one: None, "not given")."""
+    flag = flag_of(field)
+    if flag is not None and flag.cli_default is None:
+        return None
+    return field.default
 
 
 def overrides_from(config_class: type, params: dict[str, Any]) -> dict[str, Any]:
     """The fields whose options were given (not None), keyed by field name: for
     `click_options(config_class, overrides=True)`."""
-    return {field.name: params[field.name] for field, _ in flag_fields(config_class)
-            if params.get(field.name) is not None}
+    given = {field.name: params[field.name] for field, _ in flag_fields(config_class)
+             if params.get(field.name) is not None}
+    return apply_aliases(config_class, params, given, defaults={})
+
+
+# --- other programs' flags (fairseq's) -------------------------------------------------
+#
+# A fairseq user's command line names settings nmt holds under its own flags (`--fp16` is
+# `--precision fp16`), or asks for something nmt does not do (`--optimizer sgd`). Such a
+# flag is an `Alias` in the `ALIASES` of the config that holds the settings: it is a
+# click option (or argument) of the command, but no field; `sets(value)` says which fields
+# it sets, or why nmt refuses it. A refusal stops the command line while click parses it,
+# with one line and click's usage exit status 2; never is a flag silently ignored.
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """Why nmt refuses an alias's value: one line saying what nmt does instead."""
+
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """A flag of another program that stands for settings of nmt's own fields."""
+
+    decl: str  # "--fp16", "--stop-time-hours"; a name without dashes for a positional argument
+    help: str
+    # The flag's value (True for a switch) -> {field name: value}, or Refused.
+    sets: Callable[[Any], dict[str, Any] | Refused]
+    type: Any = None  # None: a switch that takes no value
+    metavar: str | None = None
+    argument: bool = False  # an optional positional argument (fairseq's data directory)
+    # Another alias this one only makes sense with (nmt's one setting for two of fairseq's).
+    together_with: str | None = None
+
+    @property
+    def shown_name(self) -> str:
+        """How messages name it: the flag, or a positional argument's metavar."""
+        return (self.metavar or self.decl).strip("[]") if self.argument else self.decl
+
+    @property
+    def param_name(self) -> str:
+        return "alias_" + self.decl.lstrip("-").replace("-", "_")
+
+    def settings(self, value: Any) -> dict[str, Any] | None:
+        """The fields this alias sets for click's `value`; None when it was not given."""
+        if value is None or value is False:
+            return None
+        result = self.sets(value)
+        if isinstance(result, Refused):  # click's callback refused it already; library callers get the same line
+            from nmt_cli.errors import NmtError
+
+            raise NmtError(self.refusal_line(value, result))
+        return result
+
+    def refusal_line(self, value: Any, refused: Refused) -> str:
+        shown = self.decl if value is True else f"{self.decl} {value}"
+        return f"{shown}: {refused.reason}"
+
+
+def switch_alias(decl: str, sets: dict[str, Any], help: str) -> Alias:
+    """A switch standing for fixed settings: `--fp16` -> {"precision": "fp16"}."""
+    return Alias(decl, help, lambda _: dict(sets))
+
+
+def value_alias(decl: str, type: Any, sets: Callable[[Any], dict[str, Any] | Refused], help: str,
+                metavar: str | None = None) -> Alias:
+    """A flag whose value becomes settings: `--stop-time-hours H` -> {"max_time": H * 3600}."""
+    return Alias(decl, help, sets, type=type, metavar=metavar)
+
+
+def choice_alias(decl: str, accepted: dict[str, dict[str, Any]], refusal: str, help: str) -> Alias:
+    """A flag naming one of several things: the `accepted` ones become settings, any other
+    value is refused with `refusal` (what nmt does instead)."""
+    def sets(value: str) -> dict[str, Any] | Refused:
+        return dict(accepted[value]) if value in accepted else Refused(refusal)
+
+    return Alias(decl, help, sets, type=str, metavar="|".join(accepted))
+
+
+def no_effect_alias(decl: str, help: str, type: Any = None) -> Alias:
+    """A flag accepted because it changes nothing nmt computes (`--num-workers` of a loader nmt
+    does not have); `help` says what nmt does instead."""
+    return Alias(decl, help, lambda _: {}, type=type)
+
+
+def refused_alias(decl: str, reason: str, type: Any = None) -> Alias:
+    """A flag nmt never takes, whatever its value; `reason` says what nmt does instead."""
+    return Alias(decl, f"Refused: {reason}", lambda _: Refused(reason), type=type)
+
+
+def aliases_of(config_class: type) -> tuple[Alias, ...]:
+    """The aliases of `config_class` and of the configs nested in it."""
+    found = tuple(getattr(config_class, "ALIASES", ()))
+    for field in dataclasses.fields(config_class):
+        inner = nested_config(field)
+        if inner is not None:
+            found += aliases_of(inner)
+    return found
+
+
+def _refusing_callback(decl: str, refuse: Callable[[Any], Any]) -> Callable:
+    """A click callback stopping the command line on a value `refuse` refuses."""
+    def check(ctx: Any, param: Any, value: Any) -> Any:
+        refused = refuse(value) if value is not None else None
+        if refused is not None:
+            raise refused_option_class()(f"{decl} {value}: {refused.reason}")
+        return value
+    return check
+
+
+def _alias_params_nested(config_class: type) -> list[Callable[[Callable], Callable]]:
+    params = _alias_params(config_class)
+    for field in dataclasses.fields(config_class):
+        inner = nested_config(field)
+        if inner is not None:
+            params += _alias_params_nested(inner)
+    return params
+
+
+def _alias_params(config_class: type) -> list[Callable[[Callable], Callable]]:
+    import click
+
+    def refuse_now(alias: Alias) -> Callable:
+        def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+            if value is not None and value is not False:
+                result = alias.sets(value)
+                if isinstance(result, Refused):
+                    raise refused_option_class()(alias.refusal_line(value, result))
+            return value
+        return check
+
+    params = []
+    for alias in getattr(config_class, "ALIASES", ()):
+        if alias.argument:
+            params.append(click.argument(alias.param_name, required=False, metavar=alias.metavar,
+                                         type=alias.type, callback=refuse_now(alias)))
+        elif alias.type is None:
+            params.append(click.option(alias.decl, alias.param_name, is_flag=True, default=False, help=alias.help,
+                                       callback=refuse_now(alias)))
+        else:
+            params.append(click.option(alias.decl, alias.param_name, type=alias.type, default=None, help=alias.help,
+                                       metavar=alias.metavar, show_default=False, callback=refuse_now(alias)))
+    return params
+
+
+@functools.cache
+def refused_option_class() -> type:
+    import click
+
+    class RefusedOption(click.UsageError):
+        """A refused flag or value: one `error:` line, click's usage exit status (2)."""
+
+        def show(self, file: Any = None) -> None:
+            click.echo(f"error: {self.format_message()}", err=True)
+
+    return RefusedOption
+
+
+def apply_aliases(config_class: type, params: dict[str, Any], values: dict[str, Any],
+                  defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`values` (fields of `config_class`) with the settings of the aliases given in `params`.
+
+    An alias may not contradict a flag given beside it (`--fp16 --precision bf16`): a field
+    already holding something other than its default and the alias's value is an error.
+    `defaults`: what "not given" is for each field (the field defaults unless given).
+    """
+    from nmt_cli.errors import NmtError
+
+    if defaults is None:
+        defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    set_by: dict[str, str] = {}
+    aliases = {alias.decl: alias for alias in getattr(config_class, "ALIASES", ())}
+    for alias in aliases.values():
+        settings = alias.settings(params.get(alias.param_name))
+        partner = aliases.get(alias.together_with or "")
+        if settings is not None and partner is not None and params.get(partner.param_name) in (None, False):
+            names = ", ".join(f"--{name.replace('_', '-')}" for name in settings)
+            raise NmtError(f"{alias.decl} needs {partner.decl} too: nmt has one setting for both ({names})")
+        for name, value in (settings or {}).items():
+            current = values.get(name, defaults.get(name))
+            if name in set_by and current != value:
+                raise NmtError(f"{alias.shown_name} and {set_by[name]} ask for different --{name.replace('_', '-')}")
+            if current != defaults.get(name) and current != value and name not in set_by:
+                raise NmtError(f"{alias.shown_name} means --{name.replace('_', '-')} {_shown(value)}, "
+                               f"but --{name.replace('_', '-')} {_shown(current)} is given too")
+            values[name], set_by[name] = value, alias.shown_name
+    return values
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

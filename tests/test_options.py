@@ -26,12 +26,12 @@ from nmt_cli.config import (
 )
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.fairseq.importer import ImportConfig
-from nmt_cli.options import SAME, config_from_params, flag_fields
+from nmt_cli.options import SAME, aliases_of, config_from_params, flag_fields
 
 # command -> (configs its options come from, ModelConfig overrides or not, the required
 # arguments of a minimal command line, parameters of the command's own that no config holds)
 COMMANDS = {
-    "train": ((TrainConfig,), True, ["data-bin", "--save-dir", "run"], set()),
+    "train": ((TrainConfig,), True, ["data-bin"], set()),
     "translate": ((TranslateConfig, Streams), False, ["--path", "a.pt"], set()),
     "preprocess": ((PreprocessConfig,), False, ["-s", "en", "-t", "de", "--trainpref", "raw/train"], set()),
     "learn-bpe": ((LearnBpeConfig,), False, ["--input", "a.txt", "--vocab-size", "100", "--model-prefix", "bpe"], set()),
@@ -58,9 +58,11 @@ def test_every_field_has_exactly_one_option_and_every_option_a_field(name: str) 
     configs, with_model, _, own = COMMANDS[name]
     fields = [field.name for config in configs + ((ModelConfig,) if with_model else ()) for field, _ in flag_fields(config)]
     params = [param.name for param in command(name).params]
+    # Other programs' flags (fairseq's) that stand for fields: options, but no fields of their own.
+    aliases = {alias.param_name for config in configs + ((ModelConfig,) if with_model else ()) for alias in aliases_of(config)}
     assert len(fields) == len(set(fields)), "a field name is used twice"
     assert len(params) == len(set(params))
-    assert set(params) == set(fields) | own
+    assert set(params) == set(fields) | own | aliases
     for config in configs + ((ModelConfig,) if with_model else ()):
         for field in dataclasses.fields(config):  # none is left without a flag
             assert field.metadata or dataclasses.is_dataclass(field.default), (config.__name__, field.name)

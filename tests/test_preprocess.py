@@ -180,7 +180,9 @@ def test_reuse_dictionary_and_bpe_model(corpus: Path) -> None:
     for name in ("dict.en.txt", "dict.de.txt", "bpe.model", "test.en-de.de.bin", "test.en-de.en.idx"):
         assert (first / name).read_bytes() == (again / name).read_bytes(), name
     with pytest.raises(NmtError, match="--bpe-model"):
-        config(corpus, srcdict=first / "dict.en.txt")
+        config(corpus, srcdict=first / "dict.en.txt", bpe="sentencepiece")
+    with pytest.raises(NmtError, match="--bpe-model"):  # --bpe auto on raw text learns BPE: the same refusal
+        run(config(corpus, destdir=corpus / "third", srcdict=first / "dict.en.txt"))
 
 
 def test_options_that_cannot_change_the_output_leave_it_up_to_date(corpus: Path) -> None:

@@ -407,14 +407,15 @@ def test_stdin_is_streamed_chunk_by_chunk(run_dir):
     assert proc.stdout.read() == b""
 
 
-def test_bad_ids_input_names_the_line_and_text_mode_prints_one_line_with_nbest(run_dir):
+def test_bad_ids_input_names_the_line_and_text_mode_prints_nbest_lines_per_input(run_dir):
     ckpt = str(run_dir / "checkpoint_best.pt")
     not_ints = nmt("--path", ckpt, *FAST, "--input-format", "ids", input="5 6\n5 x 6\n")
     assert not_ints.exit_code == 1 and "<stdin>:2" in not_ints.stderr and "not a list of integers" in not_ints.stderr
     too_big = nmt("--path", ckpt, *FAST, "--input-format", "ids", input="5 99999\n")
     assert too_big.exit_code == 1 and "id 99999 is outside the source dictionary" in too_big.stderr
     nbest = nmt("--path", ckpt, *FAST, "--beam", "4", "--nbest", "3", input="the dog\n\nthe ball\n")
-    assert nbest.exit_code == 0 and len(nbest.stdout.splitlines()) == 3
+    assert nbest.exit_code == 0 and len(nbest.stdout.splitlines()) == 3 * 3  # --nbest lines per input line
+    assert nbest.stdout.splitlines()[3:6] == ["", "", ""]  # the blank input line
 
 
 # --- worker processes (--workers) ---------------------------------------------------------

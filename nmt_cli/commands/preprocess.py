@@ -12,7 +12,7 @@ from nmt_cli.options import click_options, config_from_params
 
 def _ignored_bpe_options(ctx: click.Context, bpe: str, bpe_model: str | None) -> list[str]:
     """Warnings for options of BPE learning given on the command line when none is learned."""
-    if bpe == "sentencepiece" and bpe_model is None:
+    if bpe in ("sentencepiece", "auto") and bpe_model is None:
         return []
     reason = "--bpe none learns no BPE" if bpe == "none" else "--bpe-model gives the BPE model"
     given = [name for name in ("bpe_size", "bpe_sample", "bpe_seed")

@@ -42,9 +42,12 @@ def _default_device(precision: str) -> str:
 @click_options(TranslateConfig)
 @click_options(Streams)
 def translate(**params: Any) -> None:
-    """Translate text with beam search: exactly one output line per input line, in order.
+    """Translate text with beam search: one output line per input line (N with --nbest N), in order.
+
+    DATA_DIR, as fairseq-interactive's, is the same as --data-bin.
 
     \b
+    With --nbest N, text and bpe output have N lines per input line, best first.
     Blank lines give empty output lines (the model is not run). A source longer than
     the model's maximum source positions is truncated to fit, with a warning on stderr
     naming the line. Lines are read in chunks of --buffer-size, so a large input
@@ -57,6 +60,8 @@ def translate(**params: Any) -> None:
           --max-len-a 1 --max-len-b 50 -i test.en -o hyp.de
       nmt translate --path a.pt:b.pt --data-bin data-bin --output-format jsonl --nbest 4
       nmt translate --path run/checkpoint_best.pt --precision int8 --threads 4 -i test.en -o hyp.de
+    fairseq-interactive's way (a data directory, --cpu, --fp16, --remove-bpe, ...):
+      nmt translate --path run/checkpoint_best.pt data-bin --beam 5 --source-lang en --target-lang de
     """
     streams = config_from_params(Streams, params)
     reading_terminal = streams.input_path == "-" and sys.stdin.isatty()

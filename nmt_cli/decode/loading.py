@@ -24,7 +24,9 @@ from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.host_memory import release_freed_memory
 from nmt_cli.models.fast.int8 import quantize_linears
 from nmt_cli.models.fast.packed import pack_linears
-from nmt_cli.text.pipeline import TextPipeline
+from nmt_cli.text.pipeline import SUBWORD_NMT_MARKER, TextPipeline
+from nmt_cli.text.subword_nmt import SubwordNmtBpe
+from nmt_cli.text.tokenizer import TokenizerSettings
 
 
 @dataclass
@@ -152,3 +154,49 @@ def load_text_sides(directory: Path, loaded: LoadedModels, checkpoint: str, need
 def _read_languages(directory: Path) -> tuple[str, str]:
     meta: dict[str, Any] = read_meta(directory)
     return str(meta.get("source_lang", "")), str(meta.get("target_lang", ""))
+
+
+def fairseq_interactive_text(cfg: Any, directory: Path, loaded: LoadedModels) -> TextSides | None:
+    """fairseq-interactive's --source-lang/--target-lang/--tokenizer/--bpe/--bpe-codes (a
+    TranslateConfig's). Where meta.json fixes the pipeline they must agree with it (one error
+    line otherwise; nmt never applies another one) and None is returned. Where the data was
+    segmented before preprocessing (meta.json's `segmented_input` '@@ '), nmt does not know
+    how, and `--bpe subword_nmt --bpe-codes FILE` (with `--tokenizer moses`, fairseq's) give
+    the pipeline, returned as the text sides to use, as fairseq-interactive would apply it."""
+    for flag, given, actual in (("--source-lang", cfg.source_lang, loaded.source_lang),
+                                ("--target-lang", cfg.target_lang, loaded.target_lang)):
+        if given is not None and given != actual:
+            raise NmtError(f"{flag} {given}: the model translates {loaded.source_lang}-{loaded.target_lang}")
+    if cfg.tokenizer is None and cfg.bpe is None and cfg.bpe_codes is None:
+        return None
+    meta_path = directory / "meta.json"
+    meta: dict[str, Any] = read_meta(directory) if meta_path.is_file() else {}
+    if meta.get("segmented_input") == SUBWORD_NMT_MARKER and not meta.get("bpe") and cfg.bpe == "subword_nmt":
+        return _subword_nmt_text(cfg, loaded)
+    tokenizer = str((meta.get("tokenizer") or {}).get("name", "none"))
+    if cfg.tokenizer is not None and {"space": "none"}.get(cfg.tokenizer, cfg.tokenizer) != tokenizer:
+        raise NmtError(f"--tokenizer {cfg.tokenizer}: {meta_path} tokenizes with {tokenizer}, which nmt applies itself")
+    bpe_entry = meta.get("bpe") or {}
+    bpe = str(bpe_entry.get("type", "sentencepiece")) if bpe_entry else "none"
+    if cfg.bpe is not None and cfg.bpe != bpe:
+        raise NmtError(f"--bpe {cfg.bpe}: {meta_path} segments with {bpe}, which nmt applies itself")
+    if cfg.bpe_codes is not None:
+        codes = directory / str(bpe_entry.get("codes", "")) if bpe == "subword_nmt" else None
+        if codes is None or not codes.is_file() or codes.read_bytes() != Path(cfg.bpe_codes).read_bytes():
+            raise NmtError(f"--bpe-codes {cfg.bpe_codes}: not the BPE codes of {directory} (nmt applies those itself)")
+    return None
+
+
+def _subword_nmt_text(cfg: Any, loaded: LoadedModels) -> TextSides:
+    """fairseq-interactive's pipeline: its Moses tokenizer (escaping, -a, no normalization) or
+    none, then subword-nmt with the given codes."""
+    if cfg.bpe_codes is None:
+        raise NmtError("--bpe subword_nmt needs --bpe-codes FILE (the codes the text was segmented with)")
+    name = "none" if cfg.tokenizer in (None, "space", "none") else cfg.tokenizer
+    moses = {"name": name, "normalize_punctuation": False, "aggressive_dash_splits": True, "escape": True}
+    sides = []
+    for lang in (loaded.source_lang, loaded.target_lang):
+        settings = TokenizerSettings.from_meta(moses if name == "moses" else {"name": "none", "normalize_punctuation": False},
+                                               lang)
+        sides.append(TextPipeline(settings, bpe=SubwordNmtBpe.load(cfg.bpe_codes)))
+    return TextSides(*sides)

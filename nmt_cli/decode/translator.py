@@ -21,7 +21,8 @@ from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.lines import InputLine
-from nmt_cli.decode.loading import LoadedModels, TextSides, load_models, load_text_sides, text_directory
+from nmt_cli.decode.loading import (LoadedModels, TextSides, fairseq_interactive_text, load_models,
+                                   load_text_sides, text_directory)
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, where
 from nmt_cli.host_memory import keep_freed_memory
@@ -109,6 +110,7 @@ class Translator:
         if cfg.data_bin is not None:
             need_source = need_target = True  # an explicit --data-bin is always checked
         self.text: TextSides = load_text_sides(directory, self.models, cfg.checkpoints[0], need_source, need_target)
+        self.text = fairseq_interactive_text(cfg, directory, self.models) or self.text
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.decode.seed)
 
     def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
@@ -183,15 +185,17 @@ class Translator:
         return torch.autocast(self.device.type, dtype=dtype)
 
     def format(self, translation: Translation) -> str:
-        """One output line (without the newline) in --output-format."""
+        """The output of one input line in --output-format, without its last newline: one JSON
+        object (jsonl), or --nbest lines (text, bpe)."""
         fmt = self.cfg.output_format
         if fmt == "jsonl":
             return json.dumps(self._json(translation), ensure_ascii=False)
-        if not translation.hypotheses:
-            return ""
-        pieces = self.models.tgt_dict.decode(translation.hypotheses[0].tokens)
-        text = " ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces)
-        return _one_line(text)
+        # --nbest N: N lines per input line, best first; missing hypotheses (an empty input) are empty lines.
+        lines = []
+        for hypothesis in translation.hypotheses[: self.cfg.decode.nbest]:
+            pieces = self.models.tgt_dict.decode(hypothesis.tokens)
+            lines.append(_one_line(" ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces)))
+        return "\n".join(lines + [""] * (self.cfg.decode.nbest - len(lines)))
 
     def _json(self, translation: Translation) -> dict:
         entries = [self._json_hypothesis(h) for h in translation.hypotheses]

@@ -40,6 +40,18 @@ ARCHITECTURES: dict[str, ModelConfig] = {
     # Tests and smoke runs: trains in seconds on a CPU.
     "transformer_tiny": _same_sides(dim=32, ffn=64, layers=2, heads=2, dropout=0.1),
 }
+# fairseq's names of the same Transformers, with fairseq's preset values, so that its
+# commands run unchanged (fairseq/models/transformer/transformer_legacy.py).
+_BIG = ARCHITECTURES["transformer_big"]
+ARCHITECTURES |= {
+    "transformer": ARCHITECTURES["transformer_base"],
+    "transformer_wmt_en_de": ARCHITECTURES["transformer_base"],
+    "transformer_vaswani_wmt_en_de_big": _BIG,
+    "transformer_vaswani_wmt_en_fr_big": dataclasses.replace(_BIG, dropout=0.1),
+    "transformer_wmt_en_de_big": dataclasses.replace(_BIG, attention_dropout=0.1),
+    "transformer_wmt_en_de_big_t2t": dataclasses.replace(_BIG, attention_dropout=0.1, activation_dropout=0.1,
+                                                         normalize_before=True),
+}
 
 
 def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:

@@ -17,7 +17,7 @@ import itertools
 import json
 import shutil
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -25,9 +25,11 @@ from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
 from nmt_cli.errors import NmtError
+from nmt_cli.machine import usable_cpus
 from nmt_cli.preprocess.clean import CleanSettings
 from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.preprocess.references import keep_references
+from nmt_cli.preprocess.segmented import resolve_segmentation
 from nmt_cli.preprocess.stages import JobRunner, TokenizeResult
 from nmt_cli.preprocess.workers import binarize_file, segment_file, tokenize_parallel
 from nmt_cli.run_lock import directory_lock
@@ -100,14 +102,22 @@ def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
 
 
 def preprocess(cfg: PreprocessConfig, reporter: StageReporter) -> PreprocessResult:
+    if cfg.workers > usable_cpus():  # the output is the same for any number of workers
+        reporter.log(f"--workers {cfg.workers}: using the {usable_cpus()} usable CPU(s)")
+        cfg = replace(cfg, workers=usable_cpus())
+    cfg, segmented_marker = resolve_segmentation(cfg)
+    if segmented_marker is not None:
+        reporter.log(f"the training text is already segmented ({segmented_marker.strip()!r} pieces): "
+                     "taken as it is (no normalization, tokenization or BPE)")
     splits = plan_splits(cfg)
     given_files = [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
     refuse_inputs_inside(text_inputs(cfg, splits) + given_files, cfg.destdir, "--destdir")
     with directory_lock(cfg.destdir, "--destdir"):  # one writer: another preprocess would replace this one's output
-        return _preprocess_locked(cfg, splits, reporter)
+        return _preprocess_locked(cfg, splits, reporter, segmented_marker)
 
 
-def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: StageReporter) -> PreprocessResult:
+def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: StageReporter,
+                       segmented_marker: str | None = None) -> PreprocessResult:
     line_counts = count_pairs(cfg, splits)
     print_id = dataset_fingerprint(cfg, splits)
     if check_destination(cfg.destdir, "--destdir", print_id, cfg.force):
@@ -116,6 +126,8 @@ def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: Sta
 
     def write(staging: Path) -> dict:
         meta = build_data_bin(cfg, splits, line_counts, staging, reporter)
+        if segmented_marker is not None:  # translate removes these from its text output
+            meta["segmented_input"] = segmented_marker
         meta["fingerprint"] = print_id
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         return meta
@@ -310,5 +322,8 @@ def summary_lines(result: PreprocessResult) -> list[str]:
     dropped = ", ".join(f"{n} {reason}" for reason, n in cleaning["dropped"].items() if n) or "none"
     lines.append(f"train cleaning: kept {cleaning['pairs_kept']} of {cleaning['pairs_read']} pairs; dropped: {dropped}")
     lines.append("dictionary: " + ", ".join(f"{lang} {n} symbols" for lang, n in meta["dictionary_size"].items()))
+    if meta.get("segmented_input"):
+        lines.append(f"input already segmented ({meta['segmented_input'].strip()!r} pieces): taken as it is, "
+                     "without normalization, tokenization or BPE")
     lines.append(f"time: {result.seconds:.1f}s")
     return lines

@@ -59,6 +59,9 @@ class TextPipeline:
         if bpe and bpe.get("type") == "subword_nmt":
             codes = directory / bpe.get("codes", "bpe.codes")
             return cls(settings, bpe=SubwordNmtBpe.load(codes, bpe.get("separator", DEFAULT_SEPARATOR)))
+        marker = meta.get("segmented_input")
+        if not bpe and marker in (SUBWORD_NMT_MARKER, SENTENCEPIECE_MARKER):
+            return cls(settings, bpe=PresegmentedPieces(marker))
         return cls(settings, bpe_model_path(directory, meta, sides[lang]))
 
     def encode(self, line: str) -> list[str]:
@@ -68,6 +71,26 @@ class TextPipeline:
     def decode(self, pieces: list[str]) -> str:
         tokenized = self.bpe.decode(pieces) if self.bpe is not None else " ".join(pieces)
         return self.tokenizer.detokenize(tokenized.split())
+
+
+SUBWORD_NMT_MARKER = "@@ "
+SENTENCEPIECE_MARKER = "▁"
+
+
+class PresegmentedPieces:
+    """Pieces of text that was segmented before preprocessing (meta.json's `segmented_input`):
+    input is taken as pieces already, output pieces are joined back into words."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def encode(self, line: str) -> list[str]:
+        return line.split()
+
+    def decode(self, pieces: list[str]) -> str:
+        if self.marker == SENTENCEPIECE_MARKER:
+            return "".join(pieces).replace(SENTENCEPIECE_MARKER, " ").strip()
+        return (" ".join(pieces) + " ").replace(SUBWORD_NMT_MARKER, "").rstrip()  # fairseq's --remove-bpe
 
 
 def bpe_model_path(directory: Path, meta: dict, side: str) -> Path | None:

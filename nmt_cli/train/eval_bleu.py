@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
+from sacremoses import MosesDetokenizer
 
 from nmt_cli.config import EVAL_BLEU_DETOK, TrainConfig
 from nmt_cli.data.dictionary import EOS_ID
@@ -29,7 +30,7 @@ from nmt_cli.decode.translator import make_batches, pad_batch
 from nmt_cli.errors import NmtError
 from nmt_cli.preprocess.references import read_references
 from nmt_cli.scoring.sacre import build_metrics
-from nmt_cli.text.pipeline import TextPipeline
+from nmt_cli.text.pipeline import PresegmentedPieces, TextPipeline
 from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 
@@ -77,11 +78,20 @@ class ValidBleu:
             raise NmtError(f"--eval-bleu: the references of '{cfg.valid_subset}' in {data.path} have "
                            f"{len(references)} lines, the binarized split {len(split)} sentences")
         detok = detokenizer_name(data)
-        if cfg.eval_bleu_detok is not None and EVAL_BLEU_DETOK[cfg.eval_bleu_detok] != detok:
+        segmented = data.meta.get("segmented_input")
+        # Text that came tokenized and segmented (fairseq's IWSLT14 recipe): its pieces are
+        # joined, and --eval-bleu-detok moses detokenizes them, on both sides, as fairseq does.
+        self.moses: MosesDetokenizer | None = None
+        if segmented and detok == "none" and cfg.eval_bleu_detok == "moses":
+            self.moses = MosesDetokenizer(lang=data.target_lang)
+        elif cfg.eval_bleu_detok is not None and EVAL_BLEU_DETOK[cfg.eval_bleu_detok] != detok:
             raise NmtError(f"--eval-bleu-detok {cfg.eval_bleu_detok}: {data.path} was tokenized with {detok}, and "
                            "nmt detokenizes as its data-bin says; drop the flag")
         count = min(cfg.eval_bleu_subset_lines or len(split), len(split))
         self.references = [line.rstrip() for line in references[:count]]  # as `nmt score` reads them
+        if segmented:
+            pieces = PresegmentedPieces(segmented)
+            self.references = [self._detokenized(pieces.decode(line.split())) for line in self.references]
         self.sources = [_fit(split.src[i].tolist(), max_source_positions) for i in range(count)]
         self.max_target_positions = max_target_positions
         self.pipeline = TextPipeline.from_data_bin(data.path, data.target_lang)
@@ -105,10 +115,13 @@ class ValidBleu:
                                  self.max_target_positions)
             for i, hyps in zip(items, found):
                 if hyps:
-                    text = self.pipeline.decode(self.tgt_dict.decode(hyps[0].tokens))
+                    text = self._detokenized(self.pipeline.decode(self.tgt_dict.decode(hyps[0].tokens)))
                     hypotheses[i] = " ".join(text.splitlines()).rstrip()  # one line, as score reads it
         model.train(was_training)
         return hypotheses
+
+    def _detokenized(self, text: str) -> str:
+        return self.moses.detokenize(text.split(), return_str=True) if self.moses is not None else text
 
     def score(self, model: torch.nn.Module, device: torch.device, autocast: Callable[[], AbstractContextManager],
               print_line: Callable[[str], None]) -> BleuScores:

@@ -63,7 +63,7 @@ def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: Trai
     """Which files this save writes: the numbered ones its cadence asks for, best, then last
     (renamed into place in this order: checkpoint_last.pt marks the save complete)."""
     names = []
-    if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0:
+    if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0 and not cfg.no_epoch_checkpoints:
         names.append(epoch_checkpoint(epoch))
     if not end_of_epoch and cfg.save_interval_updates and num_updates % cfg.save_interval_updates == 0:
         names.append(update_checkpoint(epoch, num_updates))
