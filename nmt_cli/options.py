@@ -40,6 +40,8 @@ class Flag:
     # value that `to_value` turns into it, or None for one the command resolves (translate's --device).
     cli_default: Any = SAME
     to_value: Callable[[Any], Any] | None = None  # click's value -> the field's value
+    # The value of an option given without one (fairseq's `--remove-bpe` means `--remove-bpe '@@ '`).
+    flag_value: Any = None
 
 
 def option(*decls: str, default: Any = dataclasses.MISSING, **details: Any) -> Any:
@@ -102,6 +104,8 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
             extra["metavar"] = flag.metavar
         if flag.is_flag:
             extra["is_flag"] = True
+        if flag.flag_value is not None:
+            extra["is_flag"], extra["flag_value"] = False, flag.flag_value
         kind = _click_type(flag, field, overrides)
         if kind is not None:
             extra["type"] = kind
