@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,10 @@ def generate(**params: Any) -> None:
     DATA_BIN is a data-bin of `nmt preprocess` or of `fairseq-preprocess`. Per sentence, in
     fairseq's batch order: S-{id} source, T-{id} target, H-{id} score and hypothesis,
     D-{id} score and detokenized hypothesis (the H- text: fairseq's without --tokenizer/--bpe),
-    P-{id} per-token scores; scores are log-probabilities in base 2. Then the
-    `Translated N sentences ...` line and `Generate SUBSET with beam=K: BLEU4 = ...`.
+    P-{id} per-token scores; scores are log-probabilities in base 2. Then
+    `Generate SUBSET with beam=K: BLEU4 = ...`, and `Translated N sentences ...` on stderr.
+    Unlike fairseq 0.12, a last batch smaller than --required-batch-size-multiple is
+    decoded too: every sentence gets its lines.
 
     \b
     Examples:
@@ -36,9 +39,9 @@ def generate(**params: Any) -> None:
     cfg = config_from_params(GenerateConfig, params)
     if cfg.results_path is None:
         with published_output("-", "w") as out:
-            run_generate(cfg, out)
+            run_generate(cfg, out, sys.stderr)
         return
     path = Path(cfg.results_path) / f"generate-{cfg.gen_subset}.txt"
     make_parent_directory(path)
     with published_output(str(path), "w") as out:
-        run_generate(cfg, out)
+        run_generate(cfg, out, sys.stderr)

@@ -4,8 +4,13 @@ For each sentence, in fairseq's order (batches of the length-sorted split, each 
 longest source first): `S-{id}` source, `T-{id}` target, then per hypothesis
 `H-{id}\\t{score}\\t{text}`, `D-{id}\\t{score}\\t{detokenized text}` and `P-{id}\\t{per-token
 scores}`, scores in base 2 as fairseq prints them. `{id}` is the sentence's position in
-the split. At the end: the `Translated N sentences (M tokens) in ...` line and
-`Generate {subset} with beam={K}: BLEU4 = ...` (fairseq's BLEU, or sacreBLEU's).
+the split. At the end: `Generate {subset} with beam={K}: BLEU4 = ...` (fairseq's BLEU, or
+sacreBLEU's), and on stderr, where fairseq logs it, `Translated N sentences (M tokens) in ...`.
+
+Batches are cut as fairseq's `batch_by_size` cuts them (`fairseq_batches`), with one
+difference: fairseq 0.12 drops a last batch whose size is not a multiple of
+`--required-batch-size-multiple` (its issue #5036), so that some sentences get no
+output; nmt decodes every sentence.
 
 Without `--tokenizer`/`--bpe` (which nmt does not take here) fairseq's D- text is its H-
 text, and so it is here: `--remove-bpe` is what turns pieces back into words.
@@ -140,8 +145,9 @@ def check_sizes(pairs: PairDataset, models: LoadedModels, prefix: str, max_token
             raise NmtError(f"{prefix}: sentence {i} has {int(longest[i])} tokens, more than --max-tokens {max_tokens}")
 
 
-def run_generate(cfg: GenerateConfig, out: IO[str]) -> Summary:
-    """Decode `cfg.gen_subset` of `cfg.data` with `cfg.checkpoints`, writing fairseq-generate's lines to `out`."""
+def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
+    """Decode `cfg.gen_subset` of `cfg.data` with `cfg.checkpoints`, writing fairseq-generate's lines to
+    `out` and its `Translated ...` line to `log`."""
     device = torch.device(cfg.device)
     if cfg.fp16 and device.type != "cuda":
         raise NmtError("--fp16 needs a GPU (none is available, or --cpu was given)")
@@ -190,7 +196,7 @@ def run_generate(cfg: GenerateConfig, out: IO[str]) -> Summary:
     else:
         bleu_line = bleu.result_string()
     summary = Summary(len(pairs), tokens, seconds, f"Generate {cfg.gen_subset} with beam={cfg.decode.beam}: {bleu_line}")
-    write_summary(out, summary)
+    write_summary(out, log, summary)
     return summary
 
 
@@ -230,12 +236,10 @@ def sacrebleu_result(hyps: list[str], refs: list[str]) -> str:
     return sacrebleu.corpus_bleu([tokenize(h) for h in hyps], [[tokenize(r) for r in refs]], tokenize="none").format()
 
 
-def write_summary(out: IO[str], summary: Summary) -> None:
-    """fairseq logs the first line (with its timestamp and logger name) and prints the second."""
+def write_summary(out: IO[str], log: IO[str], summary: Summary) -> None:
+    """As fairseq: the `Translated` line is logged (stderr), the BLEU line printed with the sentences."""
     seconds = summary.seconds or float("nan")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    out.write(f"{stamp} | INFO | nmt_cli.generate | Translated {summary.sentences:,} sentences "
-              f"({summary.tokens:,} tokens) in {summary.seconds:.1f}s ({summary.sentences / seconds:.2f} "
-              f"sentences/s, {summary.tokens / seconds:.2f} tokens/s)\n")
+    log.write(f"Translated {summary.sentences:,} sentences ({summary.tokens:,} tokens) in {summary.seconds:.1f}s "
+              f"({summary.sentences / seconds:.2f} sentences/s, {summary.tokens / seconds:.2f} tokens/s)\n")
     if summary.bleu_line is not None:
         out.write(summary.bleu_line + "\n")
