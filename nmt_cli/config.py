@@ -382,8 +382,6 @@ class GenerateConfig:
                             ("--required-batch-size-multiple", self.required_batch_size_multiple)):
             if value is not None and value < 1:
                 raise NmtError(f"{flag} must be >= 1 (got {value})")
-        if self.decode.sampling:
-            raise NmtError("nmt generate decodes with beam search; --sampling is for nmt translate")
 
     @property
     def device(self) -> str:

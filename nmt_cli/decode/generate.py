@@ -171,6 +171,7 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
     tokens = 0
     seconds = 0.0
     autocast = torch.autocast("cuda", dtype=torch.float16) if cfg.fp16 else nullcontext()
+    sampler = torch.Generator(device=device).manual_seed(cfg.decode.seed)  # for --sampling
     for batch in batches:
         # fairseq's collater puts a batch's longest source first (torch's sort, as fairseq calls it).
         lengths = torch.from_numpy(src_sizes[batch])
@@ -181,7 +182,7 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
         started = time.perf_counter()
         with torch.no_grad(), autocast:
             hypotheses = generate(models.decoder, torch.from_numpy(src_rows).to(device), cfg.decode,
-                                  models.max_target_positions)
+                                  models.max_target_positions, sampler)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - started
