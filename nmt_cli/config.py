@@ -364,6 +364,9 @@ class GenerateConfig:
         "--results-path", default=None, path="dir", metavar="DIR",
         help="Write the output to DIR/generate-{gen-subset}.txt instead of stdout.")
     quiet: bool = flag_option("--quiet", help="Print only the summary lines (no S-/T-/H-/D-/P- lines).")
+    score_reference: bool = flag_option(
+        "--score-reference", help="Score the references instead of searching: H- is the target, its score the "
+                                  "mean log-probability of its tokens (fairseq's SequenceScorer).")
     cpu: bool = flag_option("--cpu", help="Decode on the CPU even where a GPU is available.")
     fp16: bool = flag_option("--fp16", help="Run the model in half precision (autocast; a GPU only).")
 

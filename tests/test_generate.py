@@ -100,6 +100,22 @@ def test_each_line_has_fairseqs_format_and_values(workspace):
     assert TIMING.match(result.stderr.splitlines()[-1])[1] == "4"
 
 
+def test_score_reference_scores_the_targets_by_teacher_forcing(workspace):
+    data_bin, checkpoint = workspace
+    found = sentences(generate(data_bin, checkpoint, "--score-reference", "--batch-size", "3").stdout)
+    model = model_from_checkpoint(load_checkpoint(checkpoint)).eval()
+    src, tgt = IndexedDataset(data_bin / "test.src-tgt.src"), IndexedDataset(data_bin / "test.src-tgt.tgt")
+    for i, lines in found.items():
+        target = tgt[i].tolist()
+        with torch.no_grad():  # the whole target at once: an independent path from the step-by-step scoring
+            logits = model(torch.tensor([src[i].tolist()]), torch.tensor([[EOS_ID] + target[:-1]]))
+        picked = torch.log_softmax(logits.float(), dim=-1)[0, torch.arange(len(target)), target]
+        score, text = lines["H"][0].split("\t")
+        assert text == lines["T"][0]
+        assert [float(p) for p in lines["P"][0].split()] == pytest.approx((picked / math.log(2)).tolist(), abs=2e-4)
+        assert float(score) == pytest.approx(float(picked.mean()) / math.log(2), abs=1e-4)
+
+
 def test_sentences_come_in_fairseqs_batch_order(workspace):
     """Sources of 5, 3, 7, 4 tokens, two a batch: sorted 1 (3), 3 (4), 0 (5), 2 (7); longest first in each."""
     data_bin, checkpoint = workspace
@@ -356,7 +372,8 @@ def assert_same_output(ours: list[str], theirs: list[str]) -> None:
      "--remove-bpe"),
     ("--beam", "5", "--max-len-b", "7", "--remove-bpe", "--quiet"),
     ("--beam", "2", "--scoring", "sacrebleu", "--remove-bpe", "--max-sentences", "24"),
-], ids=["ids-bleu", "nbest-remove-bpe", "quiet-short", "sacrebleu"])
+    ("--score-reference", "--batch-size", "16"),
+], ids=["ids-bleu", "nbest-remove-bpe", "quiet-short", "sacrebleu", "score-reference"])
 def test_generate_prints_what_fairseq_generate_prints(fairseq_run, flags):
     theirs = fairseq(fairseq_run["python"], "generate", fairseq_run["data_bin"], "--path", fairseq_run["checkpoint"],
                      "--gen-subset", "test", "--cpu", *flags)

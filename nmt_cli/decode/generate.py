@@ -31,6 +31,7 @@ from nmt_cli.config import GENERATE_MAX_TOKENS, GenerateConfig
 from nmt_cli.data.dictionary import BOS_ID, EOS_ID, UNK, UNK_ID, Dictionary
 from nmt_cli.data.pairs import PairDataset, load_data_bin, padded_rows
 from nmt_cli.decode.loading import LoadedModels, load_models
+from nmt_cli.decode.reference_scores import score_references
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
@@ -181,8 +182,12 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
         tgt_rows, tgt_lengths = padded_rows(pairs.tgt, ids)
         started = time.perf_counter()
         with torch.no_grad(), autocast:
-            hypotheses = generate(models.decoder, torch.from_numpy(src_rows).to(device), cfg.decode,
-                                  models.max_target_positions, sampler)
+            src_tokens = torch.from_numpy(src_rows).to(device)
+            if cfg.score_reference:
+                targets = [[int(i) for i in tgt_rows[row, : tgt_lengths[row]]] for row in range(len(ids))]
+                hypotheses = [[h] for h in score_references(models.decoder, src_tokens, targets)]
+            else:
+                hypotheses = generate(models.decoder, src_tokens, cfg.decode, models.max_target_positions, sampler)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - started
