@@ -9,11 +9,9 @@ rules worked out for chosen lengths, and BLEU against counts done by hand.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
-import shutil
 import struct
 import subprocess
 from pathlib import Path

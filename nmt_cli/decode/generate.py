@@ -116,7 +116,7 @@ class Summary:
     sentences: int
     tokens: int  # generated tokens of the best hypotheses, `</s>` included
     seconds: float  # in the search only
-    bleu_line: str | None  # None when the split has no target side
+    bleu_line: str  # `Generate {subset} with beam={K}: BLEU4 = ...`
 
 
 def check_same_dictionaries(models: LoadedModels, src_dict: Dictionary, tgt_dict: Dictionary, data: str,
@@ -247,5 +247,4 @@ def write_summary(out: IO[str], log: IO[str], summary: Summary) -> None:
     seconds = summary.seconds or float("nan")
     log.write(f"Translated {summary.sentences:,} sentences ({summary.tokens:,} tokens) in {summary.seconds:.1f}s "
               f"({summary.sentences / seconds:.2f} sentences/s, {summary.tokens / seconds:.2f} tokens/s)\n")
-    if summary.bleu_line is not None:
-        out.write(summary.bleu_line + "\n")
+    out.write(summary.bleu_line + "\n")
