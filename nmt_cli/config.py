@@ -165,7 +165,7 @@ class DecodeConfig:
     min_len: int = option("--min-len", default=1, show_default=True, help="Minimum number of tokens before </s>.")
     no_repeat_ngram_size: int = option("--no-repeat-ngram-size", default=0, show_default=True,
                                        help="Never repeat an n-gram of this size within a hypothesis (0: off).")
-    unk_penalty: float = option("--unk-penalty", default=0.0, show_default=True,
+    unk_penalty: float = option("--unk-penalty", "--unkpen", default=0.0, show_default=True,
                                 help="Subtracted from the log-probability of <unk> (positive: fewer <unk>).")
     temperature: float = option("--temperature", default=1.0, show_default=True,
                                 help="Divide the logits by this before the softmax (< 1 sharper, > 1 flatter).")

@@ -367,7 +367,7 @@ def assert_same_output(ours: list[str], theirs: list[str]) -> None:
 @pytest.mark.parametrize("flags", [
     ("--beam", "4", "--batch-size", "16"),
     ("--beam", "3", "--nbest", "2", "--max-tokens", "120", "--required-batch-size-multiple", "1", "--lenpen", "0.6",
-     "--remove-bpe"),
+     "--unkpen", "0.5", "--remove-bpe"),
     ("--beam", "5", "--max-len-b", "7", "--remove-bpe", "--quiet"),
     ("--beam", "2", "--scoring", "sacrebleu", "--remove-bpe", "--max-sentences", "24"),
     ("--score-reference", "--batch-size", "16"),

@@ -159,7 +159,9 @@ def read_nmt_index(idx_path: Path) -> tuple[np.dtype, np.ndarray]:
     with open(idx_path, "rb") as f:
         header = f.read(HEADER.size)
     if len(header) < HEADER.size or header[:8] != MAGIC:
-        raise NmtError(f"not an nmt index file (bad header): {idx_path}")
+        older = " (fairseq's cached/lazy format: rebinarize with fairseq-preprocess --dataset-impl mmap)" \
+            if header[:8] == b"TNTIDX\x00\x00" else ""
+        raise NmtError(f"not an nmt index file (bad header){older}: {idx_path}")
     _, code, count = HEADER.unpack(header)
     if code not in DTYPES:
         raise NmtError(f"unknown id type {code} in {idx_path}")
