@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("info", "Print an architecture or checkpoint: layers, sizes, parameter count."),
     "train": ("train", "Train a Transformer on a data-bin/ directory."),
     "translate": ("translate", "Translate raw text (file or stdin) with beam search."),
+    "generate": ("generate", "Decode a binarized split; fairseq-generate's S-/T-/H-/D-/P- lines and BLEU."),
     "score": ("score", "BLEU / chrF / TER as sacreBLEU reports them, and tokenized BLEU."),
     "average": ("average", "Average the parameters of several checkpoints."),
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),

@@ -197,7 +197,7 @@ class DecodeConfig:
     min_len: int = option("--min-len", default=1, show_default=True, help="Minimum number of tokens before </s>.")
     no_repeat_ngram_size: int = option("--no-repeat-ngram-size", default=0, show_default=True,
                                        help="Never repeat an n-gram of this size within a hypothesis (0: off).")
-    unk_penalty: float = option("--unk-penalty", default=0.0, show_default=True,
+    unk_penalty: float = option("--unk-penalty", "--unkpen", default=0.0, show_default=True,
                                 help="Subtracted from the log-probability of <unk> (positive: fewer <unk>).")
     temperature: float = option("--temperature", default=1.0, show_default=True,
                                 help="Divide the logits by this before the softmax (< 1 sharper, > 1 flatter).")
@@ -388,6 +388,79 @@ class TranslateConfig:
             raise NmtError("--precision fp16 needs --device cuda (use bf16 or fp32 on the CPU)")
         if self.cuda_graphs and device_type != "cuda":
             raise NmtError("--cuda-graphs needs --device cuda")
+
+
+# --- decoding a binarized split (nmt generate) -----------------------------------------
+
+# fairseq's --post-process values nmt applies (fairseq/data/data_utils.py `post_process`).
+REMOVE_BPE_SYMBOLS = ("@@ ", "@@", "subword_nmt", "sentencepiece", "none")
+GENERATE_SCORINGS = ("bleu", "sacrebleu")
+# Tokens per batch when neither --max-tokens nor --batch-size is given (fairseq-generate's).
+GENERATE_MAX_TOKENS = 12000
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """What `nmt generate` decodes (a data-bin's split) and how it prints it: fairseq-generate's
+    flags and output; search is in `decode`."""
+
+    data: str = option(argument=True, path="dir", metavar="DATA_BIN")
+    checkpoints: tuple[str, ...] = option(
+        "--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
+        help="Checkpoint to decode with; several separated by ':' form an ensemble.")
+    gen_subset: str = option("--gen-subset", default="test", show_default=True,
+                             help="The split of DATA_BIN to decode (train, valid, test, test1, ...).")
+    source_lang: str | None = option("--source-lang", "-s", default=None,
+                                     help="Source language [default: meta.json's, or the split files' names].")
+    target_lang: str | None = option("--target-lang", "-t", default=None, help="Target language [default: as -s].")
+    decode: DecodeConfig = DecodeConfig()
+    max_tokens: int | None = option(
+        "--max-tokens", default=None, type=int,
+        help=f"Tokens per batch, padding included [default: {GENERATE_MAX_TOKENS} unless --batch-size is given].")
+    batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
+                                    help="Sentences per batch (at most).")
+    required_batch_size_multiple: int = option(
+        "--required-batch-size-multiple", default=8, show_default=True,
+        help="Batches under --max-tokens hold a multiple of this many sentences (fairseq's batching).")
+    remove_bpe: str | None = option(
+        "--remove-bpe", "--post-process", default=None, flag_value="@@ ", metavar="[SYMBOL]",
+        help="Undo BPE in the S-, T-, H- and D- text and for BLEU, as fairseq: '@@ ' (the value "
+             "without one), sentencepiece, ...")
+    scoring: str = option("--scoring", default="bleu", choices=GENERATE_SCORINGS, show_default=True,
+                          help="bleu: fairseq's BLEU over the tokens (bpe-removed with --remove-bpe); "
+                               "sacrebleu: sacreBLEU with its 13a tokenization.")
+    results_path: str | None = option(
+        "--results-path", default=None, path="dir", metavar="DIR",
+        help="Write the output to DIR/generate-{gen-subset}.txt instead of stdout.")
+    quiet: bool = flag_option("--quiet", help="Print only the summary lines (no S-/T-/H-/D-/P- lines).")
+    score_reference: bool = flag_option(
+        "--score-reference", help="Score the references instead of searching: H- is the target, its score the "
+                                  "mean log-probability of its tokens (fairseq's SequenceScorer).")
+    cpu: bool = flag_option("--cpu", help="Decode on the CPU even where a GPU is available.")
+    fp16: bool = flag_option("--fp16", help="Run the model in half precision (autocast; a GPU only).")
+
+    def __post_init__(self) -> None:
+        check_finite_numbers(self)
+        if not self.checkpoints or any(not p for p in self.checkpoints):
+            raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
+        if not self.gen_subset or "/" in self.gen_subset:
+            raise NmtError(f"--gen-subset must name a split such as test (got {self.gen_subset!r})")
+        if self.remove_bpe is not None and self.remove_bpe not in REMOVE_BPE_SYMBOLS:
+            raise NmtError(f"--remove-bpe must be one of {', '.join(repr(s) for s in REMOVE_BPE_SYMBOLS)} "
+                           f"(got {self.remove_bpe!r})")
+        if self.scoring not in GENERATE_SCORINGS:
+            raise NmtError(f"--scoring must be one of {', '.join(GENERATE_SCORINGS)} (got {self.scoring!r})")
+        for flag, value in (("--max-tokens", self.max_tokens), ("--batch-size", self.batch_size),
+                            ("--required-batch-size-multiple", self.required_batch_size_multiple)):
+            if value is not None and value < 1:
+                raise NmtError(f"{flag} must be >= 1 (got {value})")
+
+    @property
+    def device(self) -> str:
+        """cuda where one is available, unless --cpu (torch is imported only here)."""
+        import torch
+
+        return "cpu" if self.cpu or not torch.cuda.is_available() else "cuda"
 
 
 # --- preprocessing (nmt preprocess) ----------------------------------------------------

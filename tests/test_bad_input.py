@@ -306,6 +306,12 @@ CASES = [
          ("--unk-penalty must be a finite number",), stdin=b"w1\n"),
     Case("translate", "a checkpoint name too long for the file system", lambda ws: translate(ws, "x" * 300 + ".pt"),
          ("File name too long",), stdin=b"w1\n"),
+    # generate
+    Case("generate", "a split the data-bin lacks", lambda ws: ["generate", ws.data_bin, "--path", ws.checkpoint, "--cpu",
+         "--gen-subset", "test"], ("no 'test' split", "test.src-tgt.src.bin/.idx not found")),
+    Case("generate", "a truncated fairseq index", lambda ws: ["generate", (lambda d: (d / "valid.src-tgt.src.idx").write_bytes(
+        b"MMIDIDX\x00\x00\x01\x00") and d)(ws.data_bin_copy()), "--path", ws.checkpoint, "--cpu", "--gen-subset", "valid"],
+         ("fairseq index file is truncated", "valid.src-tgt.src.idx")),
     # score
     Case("score", "NUL bytes in the hypotheses", lambda ws: score(ws, b"a b\nc d\n", b"a b\nc \x00 d\n"),
          ("hyp.txt:2",)),
@@ -388,7 +394,7 @@ def test_a_model_of_10_8_layers_is_refused_at_once(shared, tmp_path):
 
 def test_every_command_is_in_the_battery():
     assert {c.command for c in CASES} == {"preprocess", "binarize", "learn-bpe", "apply-bpe", "train", "translate",
-                                          "score", "average", "info", "plot"}
+                                          "generate", "score", "average", "info", "plot"}
 
 
 # --- documented repairs: odd but valid input -----------------------------------------------------

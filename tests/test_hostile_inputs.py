@@ -240,6 +240,8 @@ def base_arguments(command: str, shared: dict[str, Path], tmp: Path) -> list:
         "info": ["info", "--arch", "transformer_tiny"],
         "train": ["train", shared["data_bin"], "--save-dir", tmp / "save", *TINY_TRAIN],
         "translate": ["translate", "--path", shared["checkpoint"], *FAST_TRANSLATE],
+        "generate": ["generate", shared["data_bin"], "--path", shared["checkpoint"], "--gen-subset", "valid", "--cpu",
+                     "--beam", "1", "--max-len-b", "3"],
         "score": ["score", "--ref", tmp / "raw.en", "--hyp", tmp / "raw.de"],
         "average": ["average", "--inputs", shared["checkpoint"], shared["save"] / "checkpoint_last.pt",
                     "--output", tmp / "avg.pt"],

@@ -15,6 +15,7 @@ from nmt_cli.config import (
     AverageConfig,
     BinarizeConfig,
     DecodeConfig,
+    GenerateConfig,
     InfoConfig,
     LearnBpeConfig,
     ModelConfig,
@@ -33,6 +34,7 @@ from nmt_cli.options import SAME, aliases_of, config_from_params, flag_fields
 COMMANDS = {
     "train": ((TrainConfig,), True, ["data-bin"], set()),
     "translate": ((TranslateConfig, Streams), False, ["--path", "a.pt"], set()),
+    "generate": ((GenerateConfig,), False, ["data-bin", "--path", "a.pt"], set()),
     "preprocess": ((PreprocessConfig,), False, ["-s", "en", "-t", "de", "--trainpref", "raw/train"], set()),
     "learn-bpe": ((LearnBpeConfig,), False, ["--input", "a.txt", "--vocab-size", "100", "--model-prefix", "bpe"], set()),
     "apply-bpe": ((ApplyBpeConfig,), False, ["--model", "bpe.model"], set()),

@@ -2,7 +2,8 @@
 
 `.bin` holds every sentence's ids back to back (uint16 when the vocabulary fits,
 else int32, little-endian). `.idx` is a small header followed by int64 offsets
-(n + 1 of them, in tokens). Both are memory-mapped, so opening a corpus costs O(1)
+(n + 1 of them, in tokens); a `.idx` written by fairseq-preprocess is read too
+(`fairseq_index.py`). Both are memory-mapped, so opening a corpus costs O(1)
 memory and sentence i is one slice away.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nmt_cli.data.fairseq_index import is_fairseq_index, read_fairseq_index
 from nmt_cli.errors import NmtError
 
 MAGIC = b"NMTIDX\x00\x01"
@@ -117,19 +119,11 @@ class IndexedDataset:
         for path in (idx_path, bin_path):
             if not path.is_file():
                 raise NmtError(f"binarized data not found: {path}")
-        with open(idx_path, "rb") as f:
-            header = f.read(HEADER.size)
-        if len(header) < HEADER.size or header[:8] != MAGIC:
-            raise NmtError(f"not an nmt index file (bad header): {idx_path}")
-        _, code, count = HEADER.unpack(header)
-        if code not in DTYPES:
-            raise NmtError(f"unknown id type {code} in {idx_path}")
-        expected_idx = HEADER.size + 8 * (count + 1)
-        if idx_path.stat().st_size != expected_idx:
-            raise NmtError(f"index file is truncated or corrupt ({idx_path.stat().st_size} bytes, expected {expected_idx}): {idx_path}")
-        self.dtype = DTYPES[code]
-        self.offsets = np.memmap(idx_path, dtype="<i8", mode="r", offset=HEADER.size, shape=(count + 1,))
-        check_offsets(self.offsets, idx_path)
+        # A `.idx` written by fairseq-preprocess is read as it is (the `.bin` is the same format).
+        if is_fairseq_index(idx_path):
+            self.dtype, self.offsets = read_fairseq_index(idx_path)
+        else:
+            self.dtype, self.offsets = read_nmt_index(idx_path)
         expected_bin = int(self.offsets[-1]) * self.dtype.itemsize
         if bin_path.stat().st_size != expected_bin:
             raise NmtError(f"data file is truncated or corrupt ({bin_path.stat().st_size} bytes, expected {expected_bin}): {bin_path}")
@@ -158,6 +152,25 @@ class IndexedDataset:
         if not len(self.data):
             return 0, -1
         return int(self.data.min()), int(self.data.max())
+
+
+def read_nmt_index(idx_path: Path) -> tuple[np.dtype, np.ndarray]:
+    """The id type and the (memory-mapped) n + 1 token offsets of an nmt `.idx`."""
+    with open(idx_path, "rb") as f:
+        header = f.read(HEADER.size)
+    if len(header) < HEADER.size or header[:8] != MAGIC:
+        older = " (fairseq's cached/lazy format: rebinarize with fairseq-preprocess --dataset-impl mmap)" \
+            if header[:8] == b"TNTIDX\x00\x00" else ""
+        raise NmtError(f"not an nmt index file (bad header){older}: {idx_path}")
+    _, code, count = HEADER.unpack(header)
+    if code not in DTYPES:
+        raise NmtError(f"unknown id type {code} in {idx_path}")
+    expected_idx = HEADER.size + 8 * (count + 1)
+    if idx_path.stat().st_size != expected_idx:
+        raise NmtError(f"index file is truncated or corrupt ({idx_path.stat().st_size} bytes, expected {expected_idx}): {idx_path}")
+    offsets = np.memmap(idx_path, dtype="<i8", mode="r", offset=HEADER.size, shape=(count + 1,))
+    check_offsets(offsets, idx_path)
+    return DTYPES[code], offsets
 
 
 def check_offsets(offsets: np.ndarray, idx_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Parallel data for training: a data-bin's splits as sentence pairs, and padded batches.
 
-`load_data_bin` opens and checks a `data-bin/` directory (docs/FORMATS.md);
+`load_data_bin` opens and checks a `data-bin/` directory (docs/FORMATS.md), nmt's or
+fairseq-preprocess's;
 `collate` turns a list of pairs into the model's teacher-forcing inputs:
 `src_tokens` (B, S), `prev_output_tokens` (B, T) = target shifted right with `</s>`
 first (fairseq's convention), and `target` (B, T), all right-padded with `<pad>`.
@@ -123,17 +124,43 @@ class DataBin:
 
 
 def load_data_bin(path: str | Path, source_lang: str | None = None, target_lang: str | None = None) -> DataBin:
-    """Open `path` (a data-bin directory); languages default to those in its meta.json."""
+    """Open `path`: a data-bin of `nmt preprocess` (languages default to its meta.json's) or
+    one of `fairseq-preprocess` (no meta.json; languages default to its files' names)."""
     path = Path(path)
     if not path.is_dir():
         raise NmtError(f"data-bin directory not found: {path}")
-    meta = read_meta(path)
-    meta_path = path / "meta.json"
-    src = source_lang or meta.get("source_lang")
-    tgt = target_lang or meta.get("target_lang")
-    if not src or not tgt:
-        raise NmtError(f"{meta_path} names no source_lang/target_lang; pass --source-lang and --target-lang")
+    if (path / "meta.json").is_file() or not any(path.glob("dict.*.txt")):
+        meta = read_meta(path)
+        meta_path = path / "meta.json"
+        src = source_lang or meta.get("source_lang")
+        tgt = target_lang or meta.get("target_lang")
+        if not src or not tgt:
+            raise NmtError(f"{meta_path} names no source_lang/target_lang; pass --source-lang and --target-lang")
+    else:
+        meta = {}
+        src, tgt = fairseq_languages(path, source_lang, target_lang)
     for lang in (src, tgt):
         if not (path / f"dict.{lang}.txt").is_file():
             raise NmtError(f"data-bin has no language {lang!r}: {path / f'dict.{lang}.txt'} not found")
     return DataBin(path, meta, src, tgt, Dictionary.load(path / f"dict.{src}.txt"), Dictionary.load(path / f"dict.{tgt}.txt"))
+
+
+def fairseq_languages(path: Path, source_lang: str | None, target_lang: str | None) -> tuple[str, str]:
+    """The language pair of a fairseq data-bin: the flags, else the one pair its split files
+    (`{split}.{src}-{tgt}.{lang}.idx`) are named after; several pairs need the flags."""
+    if source_lang and target_lang:
+        return source_lang, target_lang
+    pairs = set()
+    for idx in path.glob("*.idx"):
+        parts = idx.name.split(".")
+        if len(parts) == 4 and parts[1].count("-") == 1:
+            src, tgt = parts[1].split("-")
+            if parts[2] in (src, tgt):
+                pairs.add((src, tgt))
+    candidates = sorted(p for p in pairs if source_lang in (None, p[0]) and target_lang in (None, p[1]))
+    if len(candidates) == 1:
+        return candidates[0]
+    found = ", ".join(f"{s}-{t}" for s, t in sorted(pairs)) or "none"
+    reason = "several language pairs" if candidates else "no split files for the languages asked"
+    raise NmtError(f"{path} is a fairseq data-bin (no meta.json) with {reason} (found: {found}); "
+                   "pass --source-lang and --target-lang")

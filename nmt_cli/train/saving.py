@@ -43,7 +43,9 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     With meta.json, the dictionaries and the BPE model(s) next to the checkpoints, a
     run directory is all `nmt translate` needs.
     """
-    names = ["meta.json", f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
+    # A fairseq data-bin has no meta.json (and no BPE model): its run translates BPE-segmented text only.
+    names = ["meta.json"] if (data.path / "meta.json").is_file() else []
+    names += [f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
     names += sorted(p.name for p in data.path.glob("*.model"))
     config_text = json.dumps(run_config(cfg, model_cfg), indent=2) + "\n"
     try:
