@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("score", "BLEU / chrF / TER as sacreBLEU reports them, and tokenized BLEU."),
     "average": ("average", "Average the parameters of several checkpoints."),
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
+    "export": ("export", "Export a checkpoint to CTranslate2 or fairseq."),
 }
 
 # OS errors that report the state of the machine (disk full, read-only, no permission)

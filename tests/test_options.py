@@ -15,6 +15,7 @@ from nmt_cli.config import (
     AverageConfig,
     BinarizeConfig,
     DecodeConfig,
+    ExportConfig,
     InfoConfig,
     LearnBpeConfig,
     ModelConfig,
@@ -40,6 +41,7 @@ COMMANDS = {
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
     "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
     "info": ((InfoConfig,), True, [], set()),
+    "export": ((ExportConfig,), False, ["run", "out", "--format", "fairseq"], set()),
 }
 
 
