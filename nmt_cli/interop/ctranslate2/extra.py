@@ -7,7 +7,7 @@ from types import ModuleType
 from nmt_cli.errors import NmtError
 
 # The oldest CTranslate2 these exports were tested with (pyproject.toml pins the same).
-MIN_VERSION = (4, 0)
+MIN_VERSION = (4, 8)
 
 
 def import_ctranslate2(feature: str) -> ModuleType:
