@@ -325,7 +325,7 @@ def report(results: dict[str, dict | str], sentences: int) -> None:
             mine, theirs = max(nmt_speeds, key=nmt_speeds.get), max(ct2_speeds, key=ct2_speeds.get)
             print(f"ratio {mine} / {theirs}: {nmt_speeds[mine] / ct2_speeds[theirs]:.2f}x sentences/s")
     peers = {name: value for name, value in speed.items() if not name.startswith("nmt")}
-    ours = {name: value for name, value in speed.items() if name.startswith("nmt")}
+    ours = {name: value for name, value in speed.items() if name.startswith("nmt ")}  # nmt's own engine
     if peers and ours:
         best, fastest = max(peers, key=peers.get), max(ours, key=ours.get)
         print(f"ratio nmt / best peer ({fastest} / {best}): {ours[fastest] / peers[best]:.2f}x sentences/s")
