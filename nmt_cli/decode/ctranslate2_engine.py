@@ -21,7 +21,9 @@ divides the summed log-probability by length ** lenpen, the length counting `</s
 top-k/top-p/temperature for one sample per sentence. What CTranslate2 cannot do
 (GNMT's length penalty, --unk-penalty, ensembles, --workers) is refused by name.
 One difference remains at the length limit: nmt forces `</s>` after the last allowed
-token, CTranslate2 stops there; such an output gets its `</s>` appended. jsonl output
+token, CTranslate2 stops there; such an output gets its `</s>` appended. And where
+--min-len holds an output past the point where the model would end it, the searches
+can pick different tokens (of the same lengths). jsonl output
 takes each token's log-probability from CTranslate2's scoring of the hypothesis
 (`score_batch`), and its score is nmt's: their sum / length ** lenpen.
 """
