@@ -20,7 +20,7 @@ divides the summed log-probability by length ** lenpen, the length counting `</s
 --min-len (min_decoding_length), --no-repeat-ngram-size, and --sampling with its
 top-k/top-p/temperature for one sample per sentence. What CTranslate2 cannot do
 (GNMT's length penalty, --unk-penalty, ensembles, --workers) is refused by name.
-One difference remains at the length limit: nmt forces `</s>` after the last allowed
+Two differences remain. At the length limit nmt forces `</s>` after the last allowed
 token, CTranslate2 stops there; such an output gets its `</s>` appended. And where
 --min-len holds an output past the point where the model would end it, the searches
 can pick different tokens (of the same lengths). jsonl output
