@@ -5,7 +5,9 @@ systems do the same work. Real translation differs: a trained model's outputs en
 the model says, the sentences of a batch end at different steps, and short sentences
 make each step's fixed costs count for more. This script times the three systems on one
 trained fairseq Transformer, imported into nmt (`nmt import-fairseq`) and converted for
-CTranslate2 (`ct2-fairseq-converter`), on its own segmented test sentences: beam search
+CTranslate2 (`ct2-fairseq-converter`), and `nmt translate --engine ctranslate2` (nmt's
+Translator with CTranslate2 running the search, on nmt's own export of the imported
+run), on its own segmented test sentences: beam search
 with fairseq's defaults (at most 200 tokens, length penalty 1), each system stopping on
 its own. Every system gets the same batches (sentences sorted by length, --batch-size
 each) and runs in a process of its own; it prints sentences/s, target tokens/s (its own
@@ -154,6 +156,27 @@ def measure_nmt_workers(args: argparse.Namespace, precision: str, workers: int) 
         return timed(run_pass, args.repeats)
 
 
+def measure_nmt_ct2(args: argparse.Namespace, precision: str) -> tuple[float, dict[int, list[int]]]:
+    """`nmt translate --engine ctranslate2` on the imported run: its Translator (ids in, batches of
+    --batch-size) with CTranslate2 running the search, on the export it makes once beside the
+    checkpoint (before timing)."""
+    from dataclasses import replace
+
+    from nmt_cli.decode.lines import InputLine
+    from nmt_cli.decode.translator import Translator, prepare_process
+
+    rows = source_rows(args)
+    cfg = replace(nmt_config(args, precision, 1, len(rows)), engine="ctranslate2")
+    prepare_process(cfg)  # as translate does
+    lines = [InputLine(number + 1, " ".join(map(str, row[:-1]))) for number, row in enumerate(rows)]
+    translator = Translator(cfg, warn=lambda message: print(message, file=sys.stderr))
+
+    def run_pass():
+        return {i: t.hypotheses[0].tokens for i, t in enumerate(translator.translate(lines, "test"))}
+
+    return timed(run_pass, args.repeats)
+
+
 def measure_fairseq(args: argparse.Namespace) -> tuple[float, dict[int, list[int]]]:
     """fairseq's SequenceGenerator (fairseq-generate's search), float32."""
     import torch
@@ -237,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
             torch.set_num_threads(args.threads)
             if args.system == "fairseq":
                 seconds, outputs = measure_fairseq(args)
+            elif args.system.startswith("nmt-ct2:"):
+                seconds, outputs = measure_nmt_ct2(args, args.system.split(":")[1])
             else:
                 _, precision, workers = args.system.split(":")
                 worker_processes = int(workers) - 1
@@ -270,6 +295,8 @@ def main(argv: list[str] | None = None) -> None:
             systems[f"nmt {precision}"] = f"nmt:{precision}:1"
             if args.threads > 1:  # nmt translate --workers, the counterpart of CTranslate2's workers
                 systems[f"nmt {precision}, {args.threads} workers"] = f"nmt:{precision}:{args.threads}"
+        for precision, kind in (("fp32", "float32"), ("int8", "int8")):  # nmt translate --engine ctranslate2
+            systems[f"nmt-ct2 {kind}"] = f"nmt-ct2:{precision}"
         results = {name: run_system(args, argv, system) for name, system in systems.items()}
     finally:
         shutil.rmtree(args.work_dir, ignore_errors=True)
@@ -289,7 +316,8 @@ def report(results: dict[str, dict | str], sentences: int) -> None:
         same = "" if reference is None else f", {sum(a == b for a, b in zip(outputs, reference))} outputs as fairseq's"
         print(f"{name:<22} {sentences} sentences in {seconds:6.2f} s: {speed[name]:7.1f} sentences/s "
               f"{sum(map(len, outputs)) / seconds:8.0f} target tokens/s, peak RSS {result['peak_rss_mib']:.0f} MiB{same}")
-    for nmt_rows, ct2_rows in (("nmt fp32", "ct2 float32"), ("nmt int8", "ct2 int8"), ("nmt bf16", "ct2 int8")):
+    for nmt_rows, ct2_rows in (("nmt fp32", "ct2 float32"), ("nmt int8", "ct2 int8"), ("nmt bf16", "ct2 int8"),
+                               ("nmt-ct2 float32", "ct2 float32"), ("nmt-ct2 int8", "ct2 int8")):
         # Each system's faster configuration at that precision (threads or workers).
         nmt_speeds = {name: value for name, value in speed.items() if name.startswith(nmt_rows)}
         ct2_speeds = {name: value for name, value in speed.items() if name.startswith(ct2_rows)}
@@ -297,7 +325,7 @@ def report(results: dict[str, dict | str], sentences: int) -> None:
             mine, theirs = max(nmt_speeds, key=nmt_speeds.get), max(ct2_speeds, key=ct2_speeds.get)
             print(f"ratio {mine} / {theirs}: {nmt_speeds[mine] / ct2_speeds[theirs]:.2f}x sentences/s")
     peers = {name: value for name, value in speed.items() if not name.startswith("nmt")}
-    ours = {name: value for name, value in speed.items() if name.startswith("nmt")}
+    ours = {name: value for name, value in speed.items() if name.startswith("nmt ")}  # nmt's own engine
     if peers and ours:
         best, fastest = max(peers, key=peers.get), max(ours, key=ours.get)
         print(f"ratio nmt / best peer ({fastest} / {best}): {ours[fastest] / peers[best]:.2f}x sentences/s")

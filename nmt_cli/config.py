@@ -254,6 +254,7 @@ TRAIN_PRECISIONS = PRECISIONS + ("pure-bf16",)
 TRANSLATE_PRECISIONS = PRECISIONS + ("int8",)
 ERROR_POLICIES = ("strict", "replace")
 DEFAULT_BUFFER_SIZE = 2000
+ENGINES = ("nmt", "ctranslate2")
 
 
 # The text pipeline fairseq-interactive is told with --tokenizer/--bpe; nmt reads it from meta.json.
@@ -347,9 +348,17 @@ class TranslateConfig:
     # The checkpoints' moving average of the weights (nmt train --ema-decay) instead of their weights.
     use_ema: bool = flag_option("--use-ema", help="Decode with the EMA weights the checkpoint(s) hold "
                                                   "(trained with --ema-decay).")
+    # Who runs the model for the batch -> hypotheses step (nmt_cli/decode/ctranslate2_engine.py).
+    engine: str = option(
+        "--engine", default="nmt", choices=ENGINES, show_default=True,
+        help="nmt: nmt's own model and search (the reference); ctranslate2: CTranslate2 runs them, from a "
+             "directory of `nmt export --format ctranslate2` or from --path CKPT exported once and cached "
+             "beside it (needs pip install 'nmt-cli[ctranslate2]').")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        if self.engine not in ENGINES:
+            raise NmtError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
         if not self.checkpoints or any(not p for p in self.checkpoints):
             raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
         for name, value, allowed in (
@@ -380,7 +389,7 @@ class TranslateConfig:
     def _check_device_fits(self) -> None:
         """The device exists, and fits the precision and CUDA graphs (torch is imported only for a cuda one)."""
         device_type = self.device.split(":")[0]
-        if self.precision == "int8" and device_type != "cpu":
+        if self.precision == "int8" and device_type != "cpu" and self.engine != "ctranslate2":
             raise NmtError("--precision int8 needs --device cpu (use bf16 or fp16 on a GPU)")
         if device_type == "cuda":
             check_cuda_device(self.device)
@@ -461,6 +470,34 @@ class GenerateConfig:
         import torch
 
         return "cpu" if self.cpu or not torch.cuda.is_available() else "cuda"
+# --- export (nmt export) ------------------------------------------------------------------
+
+EXPORT_FORMATS = ("ctranslate2", "fairseq")
+# CTranslate2's weight types an export may store (float32 without --quantization).
+CT2_QUANTIZATIONS = ("int8", "int8_float16", "int8_float32", "int8_bfloat16", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """`nmt export`: an nmt checkpoint -> a CTranslate2 model directory or a fairseq checkpoint."""
+
+    source: Path = option(argument=True, path="any", to_value=Path, metavar="RUN_OR_CKPT")
+    out_dir: Path = option(argument=True, path="any", to_value=Path, metavar="OUT")
+    format: str = option("--format", required=True, choices=EXPORT_FORMATS,
+                         help="ctranslate2: a CTranslate2 model directory; fairseq: checkpoint.pt and "
+                              "dict.*.txt for fairseq-generate / fairseq-interactive.")
+    quantization: str | None = option(
+        "--quantization", default=None, choices=CT2_QUANTIZATIONS,
+        help="--format ctranslate2: the weights' type in the model files [default: float32].")
+    force: bool = flag_option("--force", help="Replace an OUT directory that holds anything else (its files are deleted).")
+
+    def __post_init__(self) -> None:
+        if self.format not in EXPORT_FORMATS:
+            raise NmtError(f"--format must be one of {', '.join(EXPORT_FORMATS)} (got {self.format!r})")
+        if self.quantization is not None and self.quantization not in CT2_QUANTIZATIONS:
+            raise NmtError(f"--quantization must be one of {', '.join(CT2_QUANTIZATIONS)} (got {self.quantization!r})")
+        if self.quantization is not None and self.format != "ctranslate2":
+            raise NmtError("--quantization needs --format ctranslate2")
 
 
 # --- preprocessing (nmt preprocess) ----------------------------------------------------

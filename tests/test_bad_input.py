@@ -186,6 +186,15 @@ def score(ws: Workspace, ref: bytes, hyp: bytes) -> list:
 
 
 CASES = [
+    # export
+    Case("export", "missing checkpoint", lambda ws: ["export", ws.root / "nope.pt", ws.root / "out", "--format", "fairseq"],
+         ("checkpoint not found", "nope.pt")),
+    Case("export", "a directory without checkpoints", lambda ws: [
+        "export", (ws.root / "empty").mkdir() or ws.root / "empty", ws.root / "out", "--format", "fairseq"],
+         ("without checkpoint_best.pt or checkpoint_last.pt",)),
+    Case("export", "not a checkpoint", lambda ws: [
+        "export", ws.file("x.pt", b"not a checkpoint"), ws.root / "out", "--format", "ctranslate2"],
+         ("not a readable nmt checkpoint", "x.pt")),
     # preprocess
     Case("preprocess", "srcdict with a bad line", lambda ws: preprocess(
         ws, "--bpe", "none", "--srcdict", ws.file("d.txt", "w1 5\nno-count-here\n")), ("bad dictionary line", "d.txt:2")),
@@ -394,7 +403,7 @@ def test_a_model_of_10_8_layers_is_refused_at_once(shared, tmp_path):
 
 def test_every_command_is_in_the_battery():
     assert {c.command for c in CASES} == {"preprocess", "binarize", "learn-bpe", "apply-bpe", "train", "translate",
-                                          "generate", "score", "average", "info", "plot"}
+                                          "generate", "score", "average", "info", "plot", "export"}
 
 
 # --- documented repairs: odd but valid input -----------------------------------------------------

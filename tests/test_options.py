@@ -16,6 +16,7 @@ from nmt_cli.config import (
     BinarizeConfig,
     DecodeConfig,
     GenerateConfig,
+    ExportConfig,
     InfoConfig,
     LearnBpeConfig,
     ModelConfig,
@@ -44,6 +45,7 @@ COMMANDS = {
     "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
     "plot": ((PlotConfig,), False, ["run", "-o", "curves.png"], set()),
     "info": ((InfoConfig,), True, [], set()),
+    "export": ((ExportConfig,), False, ["run", "out", "--format", "fairseq"], set()),
 }
 
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -87,6 +88,10 @@ class Translator:
     def __init__(self, cfg: TranslateConfig, warn: Callable[[str], None]) -> None:
         self.cfg = cfg
         self.warn = warn
+        self.engine = None  # --engine ctranslate2: it runs the batch -> hypotheses step (_search)
+        if cfg.engine == "ctranslate2":
+            self._open_ctranslate2()
+            return
         self.device = torch.device(cfg.device)  # TranslateConfig has checked it against precision and graphs
         if cfg.precision == "bf16" and self.device.type == "cpu":
             reason = packed.packed_unavailable_reason(torch.bfloat16)
@@ -112,6 +117,22 @@ class Translator:
         self.text: TextSides = load_text_sides(directory, self.models, cfg.checkpoints[0], need_source, need_target)
         self.text = fairseq_interactive_text(cfg, directory, self.models) or self.text
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.decode.seed)
+
+    def _open_ctranslate2(self) -> None:
+        """The CTranslate2 engine, and the text pipelines of its export (or of --data-bin)."""
+        from nmt_cli.decode.ctranslate2_engine import CTranslate2Engine
+
+        cfg = self.cfg
+        self.engine = CTranslate2Engine(cfg, self.warn)
+        self.models = self.engine.models
+        check_beam_fits(cfg.decode.beam, len(self.models.tgt_dict))
+        self.device = torch.device("cpu")  # where the batches are built; CTranslate2 has its own --device
+        self.decoder, self.fixed_search = None, None
+        need_source = cfg.input_format == "raw" or cfg.data_bin is not None
+        need_target = cfg.output_format in ("text", "jsonl") or cfg.data_bin is not None
+        directory = Path(cfg.data_bin) if cfg.data_bin is not None else self.engine.directory
+        self.text = load_text_sides(directory, self.models, str(self.engine.directory), need_source, need_target)
+        self.generator = torch.Generator().manual_seed(cfg.decode.seed)
 
     def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
         """Source ids ending in </s>, or None for a line with nothing to translate."""
@@ -174,12 +195,14 @@ class Translator:
 
     def _search(self, src_tokens: torch.Tensor) -> list[list[Hypothesis]]:
         max_positions = self.models.max_target_positions
+        if self.engine is not None:
+            return self.engine.generate(src_tokens)
         if self.fixed_search is not None:
             return self.fixed_search.generate(src_tokens, max_positions)
         return generate(self.decoder, src_tokens, self.cfg.decode, max_positions, self.generator)
 
     def _autocast(self):
-        if self.cfg.precision in ("fp32", "int8"):
+        if self.cfg.precision in ("fp32", "int8") or self.engine is not None:
             return nullcontext()
         dtype = torch.bfloat16 if self.cfg.precision == "bf16" else torch.float16
         return torch.autocast(self.device.type, dtype=dtype)

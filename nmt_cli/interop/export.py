@@ -1,0 +1,78 @@
+"""`nmt export`: an nmt checkpoint -> a CTranslate2 model directory or a fairseq checkpoint.
+
+The output directory is built beside its destination and moved into place whole
+(nmt_cli/staging.py). One that already holds anything is refused unless --force; one
+that holds this same export (same checkpoint contents, text files and settings) is
+left as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt_cli.config import ExportConfig
+from nmt_cli.errors import NmtError
+from nmt_cli.interop.source import ExportSource, content_fingerprint, load_export_source
+from nmt_cli.staging import build_then_publish, failure_line, refuse_inputs_inside
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    out_dir: Path
+    checkpoint: Path  # the checkpoint exported
+    written: bool  # False when out_dir already held this same export
+
+
+def export_fingerprint(source: ExportSource, export_format: str, quantization: str | None) -> str:
+    return content_fingerprint([source.checkpoint, *source.text_files],
+                               {"format": export_format, "quantization": quantization})
+
+
+def export(cfg: ExportConfig) -> ExportResult:
+    """Write `cfg.out_dir` in `cfg.format`."""
+    source = load_export_source(cfg.source)
+    print_id = export_fingerprint(source, cfg.format, cfg.quantization)
+    if _holds_export(cfg.out_dir, print_id) and not cfg.force:
+        return ExportResult(cfg.out_dir, source.checkpoint, written=False)
+    if cfg.out_dir.exists() and not cfg.out_dir.is_dir():
+        raise NmtError(f"OUT {cfg.out_dir} exists and is not a directory")
+    if cfg.out_dir.is_dir() and any(cfg.out_dir.iterdir()) and not cfg.force:
+        raise NmtError(f"OUT {cfg.out_dir} already holds other files; pass --force to replace the directory "
+                       "(deleting its files), or choose another OUT")
+    refuse_inputs_inside([source.checkpoint, *source.text_files], cfg.out_dir, "OUT")
+    build_then_publish(cfg.out_dir, lambda staging: write_export(source, staging, cfg.format, cfg.quantization, print_id),
+                       lambda error: failure_line(f"writing {cfg.out_dir}", error))
+    return ExportResult(cfg.out_dir, source.checkpoint, written=True)
+
+
+def write_export(source: ExportSource, directory: Path, export_format: str, quantization: str | None,
+                 print_id: str) -> None:
+    if export_format == "ctranslate2":
+        from nmt_cli.interop.ctranslate2.export import write_ctranslate2_model
+
+        write_ctranslate2_model(source, directory, quantization, print_id)
+    else:
+        from nmt_cli.interop.fairseq.export import write_fairseq_model
+
+        write_fairseq_model(source, directory)
+        (directory / FAIRSEQ_FINGERPRINT).write_text(print_id + "\n", encoding="utf-8")
+
+
+# Where a fairseq export records what made it (fairseq ignores the file).
+FAIRSEQ_FINGERPRINT = "nmt_export.fingerprint"
+
+
+def _holds_export(out_dir: Path, print_id: str) -> bool:
+    """Whether `out_dir` is an export of exactly these inputs."""
+    from nmt_cli.interop.ctranslate2.export import EXPORT_INFO, ExportInfo
+
+    if (out_dir / EXPORT_INFO).is_file():
+        try:
+            return ExportInfo.read(out_dir).fingerprint == print_id
+        except NmtError:
+            return False
+    try:
+        return (out_dir / FAIRSEQ_FINGERPRINT).read_text(encoding="utf-8").strip() == print_id
+    except OSError:
+        return False

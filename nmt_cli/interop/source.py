@@ -1,0 +1,131 @@
+"""What every export reads: an nmt checkpoint (given itself or as its run directory),
+its weights under fairseq's names, and the text files that turn raw text into its input.
+
+fairseq's `TransformerModel` names are the common ground of the exports: nmt's own
+names are fairseq's except the fused attention projections (nmt_cli/models/layers.py),
+which are split here, and CTranslate2's fairseq converter documents where each fairseq
+weight goes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt_cli import __version__
+from nmt_cli.checkpoints.format import load_checkpoint
+from nmt_cli.checkpoints.names import BEST, LAST
+from nmt_cli.config import ModelConfig
+from nmt_cli.data.dictionary import Dictionary
+from nmt_cli.data.meta import read_meta
+from nmt_cli.decode.loading import dictionary_from_symbols
+from nmt_cli.errors import NmtError
+
+# fairseq's per-module state version: 3 is what fairseq 0.12 writes (a pre-norm model's
+# final LayerNorm is read only from version 3 on).
+FAIRSEQ_STATE_VERSION = 3.0
+
+
+@dataclass
+class ExportSource:
+    """One nmt checkpoint, ready to be written in another toolkit's format."""
+
+    checkpoint: Path
+    cfg: ModelConfig
+    weights: dict[str, torch.Tensor]  # fairseq names, float32
+    src_dict: Dictionary
+    tgt_dict: Dictionary
+    source_lang: str
+    target_lang: str
+    num_updates: int
+    text_files: list[Path]  # meta.json and the BPE model(s) it names; empty when the run has none
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint file: `path` itself, or a run directory's checkpoint_best.pt (else checkpoint_last.pt)."""
+    if path.is_dir():
+        for name in (BEST, LAST):
+            if (path / name).is_file():
+                return path / name
+        raise NmtError(f"{path} is a directory without {BEST} or {LAST}: pass a checkpoint file")
+    if not path.is_file():
+        raise NmtError(f"checkpoint not found: {path}")
+    return path
+
+
+def load_export_source(path: Path) -> ExportSource:
+    """Read the checkpoint at `path` (file or run directory) for an export."""
+    checkpoint = resolve_checkpoint(path)
+    state = load_checkpoint(checkpoint)
+    cfg = ModelConfig.from_dict(state["model_config"])
+    source_lang, target_lang = str(state.get("source_lang") or "src"), str(state.get("target_lang") or "tgt")
+    return ExportSource(
+        checkpoint=checkpoint, cfg=cfg, weights=fairseq_weights(state["model"], cfg),
+        src_dict=dictionary_from_symbols(list(state["src_dict"]), str(checkpoint)),
+        tgt_dict=dictionary_from_symbols(list(state["tgt_dict"]), str(checkpoint)),
+        source_lang=source_lang, target_lang=target_lang, num_updates=int(state.get("num_updates", 0)),
+        text_files=text_files(checkpoint.parent, source_lang, target_lang),
+    )
+
+
+def fairseq_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """nmt's state dict -> fairseq TransformerModel's (the inverse of the importer's
+    convert_state_dict): fused projections split into q/k/v, format versions added,
+    every tensor float32 and contiguous."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in weights.items():
+        value = value.detach().float().contiguous()
+        prefix, _, leaf = key.rpartition(".")
+        if prefix.endswith("self_attn.in_proj"):
+            base = prefix.removesuffix("in_proj")
+            for name, part in zip("qkv", value.chunk(3, dim=0)):
+                out[f"{base}{name}_proj.{leaf}"] = part.clone()
+        elif prefix.endswith("encoder_attn.kv_proj"):
+            base = prefix.removesuffix("kv_proj")
+            for name, part in zip("kv", value.chunk(2, dim=0)):
+                out[f"{base}{name}_proj.{leaf}"] = part.clone()
+        else:
+            out[key] = value
+    if cfg.share_all_embeddings and "decoder.embed_tokens.weight" not in out:
+        out["decoder.embed_tokens.weight"] = out["encoder.embed_tokens.weight"]
+    if "decoder.output_projection.weight" not in out:  # tied: stored once in nmt's state dict
+        out["decoder.output_projection.weight"] = out["decoder.embed_tokens.weight"]
+    for side in ("encoder", "decoder"):
+        out[f"{side}.version"] = torch.tensor([FAIRSEQ_STATE_VERSION])
+    return out
+
+
+def text_files(run_dir: Path, source_lang: str, target_lang: str) -> list[Path]:
+    """meta.json and the BPE files it names, when the run directory has them and they are
+    for this language pair; otherwise none (the export then takes pre-segmented text)."""
+    if not (run_dir / "meta.json").is_file():
+        return []
+    meta: dict[str, Any] = read_meta(run_dir)
+    if (meta.get("source_lang"), meta.get("target_lang")) != (source_lang, target_lang):
+        raise NmtError(f"{run_dir / 'meta.json'} is for {meta.get('source_lang')}-{meta.get('target_lang')} but the "
+                       f"checkpoint translates {source_lang}-{target_lang}")
+    files = [run_dir / "meta.json"]
+    bpe = meta.get("bpe") or {}
+    for key in ("model", "model_src", "model_tgt", "codes"):
+        name = bpe.get(key)
+        if name and (run_dir / name) not in files:
+            if not (run_dir / name).is_file():
+                raise NmtError(f"{run_dir / 'meta.json'} names BPE file {name}, which is not in {run_dir}")
+            files.append(run_dir / name)
+    return files
+
+
+def content_fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
+    """sha256 of nmt's version, `settings` and the files' contents: the same only for
+    the same inputs, whatever their modification times say."""
+    digest = hashlib.sha256(repr((__version__, sorted(settings.items()))).encode("utf-8"))
+    for path in files:
+        digest.update(path.name.encode("utf-8") + b"\0" + str(path.stat().st_size).encode("ascii") + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
