@@ -262,6 +262,11 @@ class GuidedConfig:
     def needs_alignment(self) -> bool:
         return self.print_alignment or self.replace_unk
 
+    @property
+    def reads_target_text(self) -> bool:
+        """Whether input lines may hold target text (prefixes, phrases, references)."""
+        return bool(self.prefix_file or self.constraints or self.json_input or self.score_reference)
+
     def __post_init__(self) -> None:
         if self.constraints is not None and self.constraints not in CONSTRAINT_ORDERS:
             raise NmtError(f"--constraints must be one of {', '.join(CONSTRAINT_ORDERS)} (got {self.constraints!r})")
@@ -366,6 +371,8 @@ class TranslateConfig:
             check_cpu_count("--threads", self.threads)
         check_device_string(self.device)
         check_cpu_count("--workers", self.workers)
+        if self.decode.sampling and self.guided.constraints:
+            raise NmtError("--constraints needs beam search, not --sampling")
         if self.workers > 1 and self.device != "cpu":
             raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
         self._check_device_fits()

@@ -32,12 +32,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
 from nmt_cli.decode.row_topk import row_topk
+
+if TYPE_CHECKING:
+    from nmt_cli.decode.search import Hypothesis
 
 
 @dataclass
@@ -182,6 +186,31 @@ class ConstraintTracker:
         """Keep the rows of sentences `keep` (indices into the current B), in that order."""
         rows = (keep.unsqueeze(1) * self.K + torch.arange(self.K, device=keep.device)).view(-1)
         self.met, self.start = self.met[rows], self.start[rows]
+
+
+def contains_phrases(tokens: list[int], phrases: list[list[int]], ordered: bool) -> bool:
+    """Whether `tokens` contain every phrase (ordered: one after another, without overlap):
+    the plain definition, on the host."""
+    start = 0
+    for phrase in phrases:
+        n = len(phrase)
+        at = next((i for i in range(start if ordered else 0, len(tokens) - n + 1) if tokens[i : i + n] == phrase), None)
+        if at is None:
+            return False
+        start = at + n
+    return True
+
+
+def rank_complete_first(hypotheses: list[list[Hypothesis]], phrases: ConstraintSet) -> list[list[Hypothesis]]:
+    """Each sentence's hypotheses with those that contain all its phrases first (stable).
+    Only a hypothesis forced to end at the maximum length can miss a phrase; it still
+    beats having no output, but never a complete one."""
+    lengths, tokens = phrases.lengths.tolist(), phrases.tokens.tolist()
+    ranked = []
+    for b, hyps in enumerate(hypotheses):
+        wanted = [tokens[b][m][:n] for m, n in enumerate(lengths[b]) if n > 0]
+        ranked.append(sorted(hyps, key=lambda h: not contains_phrases(h.tokens, wanted, phrases.ordered)))
+    return ranked
 
 
 def _without_duplicates(scores: Tensor, keys: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
-from nmt_cli.decode.constraints import ConstraintSet, ConstraintTracker
+from nmt_cli.decode.constraints import ConstraintSet, ConstraintTracker, rank_complete_first
 from nmt_cli.decode.lenpen import length_penalty
 from nmt_cli.decode.row_topk import row_topk
 from nmt_cli.decode.sampling import sample_candidates
@@ -79,6 +79,9 @@ class Hypothesis:
     tokens: list[int]  # target ids, ending with </s>
     score: float  # summed log-prob / length penalty
     positional_scores: list[float]  # log-prob of each token (same length as tokens)
+    # With --print-alignment/--replace-unk: per token but the final </s>, the source
+    # position it attends most (decode/forced.py); None otherwise.
+    source_positions: list[int] | None = None
 
 
 def check_beam_fits(beam: int, vocab_size: int) -> None:
@@ -378,6 +381,8 @@ def generate(
         pending = HostCopy(state.done) if lagged_sync else None
         model.reorder_cache(cache, rows, sentence_index=kept_sentences)
     _store_finished(results, state)
+    if constraints is not None:
+        return [hyps[: cfg.nbest] for hyps in rank_complete_first(best_hypotheses(results, K), constraints)]
     return best_hypotheses(results, cfg.nbest)
 
 
