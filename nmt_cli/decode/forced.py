@@ -74,6 +74,17 @@ def cross_attention(model: Transformer, src_tokens: Tensor, tgt_tokens: Tensor, 
     raise ValueError(f"layer {layer} is outside the decoder's {len(decoder.layers)} layers")
 
 
+def hard_alignment(model: Transformer, src_tokens: Tensor, tgt_rows: Sequence[Sequence[int]], layer: int) -> list[list[int]]:
+    """For each target (an id list ending in `</s>`) of the sources `src_tokens` (N, S), the
+    source position each of its tokens but the `</s>` attends most in decoder layer
+    `layer` (fairseq's hard alignment); the source's `</s>` and pads are never chosen."""
+    attention = cross_attention(model, src_tokens, pad_rows(tgt_rows, src_tokens.device), layer)  # (N, T, S)
+    lengths = src_tokens.ne(PAD_ID).sum(dim=1, keepdim=True)
+    words = torch.arange(src_tokens.size(1), device=src_tokens.device) < lengths - 1  # (N, S)
+    best = attention.masked_fill(words.logical_not().unsqueeze(1), -math.inf).argmax(dim=-1).cpu()  # (N, T)
+    return [row[: len(tgt) - 1].tolist() for row, tgt in zip(best, tgt_rows)]
+
+
 def pad_rows(rows: Sequence[Sequence[int]], device: torch.device) -> Tensor:
     """Right-pad id lists into a (B, T) tensor."""
     width = max(len(r) for r in rows)

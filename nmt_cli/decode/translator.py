@@ -20,7 +20,7 @@ from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.constraints import ConstraintSet
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
-from nmt_cli.decode.forced import cross_attention, pad_rows, token_log_probs
+from nmt_cli.decode.forced import hard_alignment, pad_rows, token_log_probs
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.guided import (GuidedLine, format_alignment, parse_line, replace_unknowns, word_alignment,
                                    word_indices)
@@ -263,12 +263,9 @@ class Translator:
         if not -layers <= layer < layers:
             raise NmtError(f"--alignment-layer {layer} is outside the model's {layers} decoder layers")
         src = src_tokens[torch.tensor([b for b, _ in flat], device=src_tokens.device)]
-        attention = cross_attention(model, src, pad_rows([h.tokens for _, h in flat], self.device), layer % layers)
-        # The source's </s> and pads are never aligned to.
-        words = torch.arange(src.size(1), device=src.device) < (src.ne(PAD_ID).sum(dim=1, keepdim=True) - 1)
-        best = attention.masked_fill(words.logical_not().unsqueeze(1), -math.inf).argmax(dim=-1).cpu()  # (N, T)
-        for (_, hyp), row in zip(flat, best):
-            hyp.source_positions = row[: len(hyp.tokens) - 1].tolist()
+        positions = hard_alignment(model, src, [h.tokens for _, h in flat], layer % layers)
+        for (_, hyp), row in zip(flat, positions):
+            hyp.source_positions = row
 
     def _pieces(self, hyp: Hypothesis, translation: Translation) -> tuple[list[str], list[int] | None]:
         """The hypothesis' target pieces (--replace-unk applied) and, with alignments, the
