@@ -310,7 +310,8 @@ def test_cli_score_reference_equals_summed_teacher_forced_log_probs(run_dir, tmp
             continue
         src_ids = torch.tensor([dictionary.encode(en.encode(source))])
         tgt_ids = dictionary.encode(de.encode(target))
-        logits = model(src_ids, torch.tensor([[EOS_ID] + tgt_ids[:-1]]))[0]
+        with torch.no_grad():
+            logits = model(src_ids, torch.tensor([[EOS_ID] + tgt_ids[:-1]]))[0]
         expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tgt_ids).unsqueeze(1)).squeeze(1)
         total, per_token = line.split("\t")
         assert float(total) == pytest.approx(float(expected.sum()), abs=1e-4)
@@ -339,3 +340,18 @@ def test_prefix_file_with_fewer_lines_is_an_error(run_dir, tmp_path):
     result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--prefix-file", str(tmp_path / "p.txt"),
                  input="the dog\na ball\n")
     assert result.exit_code != 0 and "has 1 lines but the input has more (line 2)" in result.output
+
+
+def test_guided_search_on_the_reference_model_equals_the_fast_one():
+    from tests.test_fast_decoding import assert_same_hypotheses, model_pair
+
+    reference, fast = model_pair(41, torch.float64)
+    source = source_batch([2, 11, 4, 8, 6, 3, 9], vocab=23, seed=42)
+    rng = random.Random(3)
+    phrases = [[[rng.randrange(4, 29) for _ in range(rng.randint(1, 2))]] for _ in range(7)]
+    prefix = torch.tensor([[rng.randrange(4, 29), PAD_ID] if i % 2 else [rng.randrange(4, 29)] * 2 for i in range(7)])
+    cfg = DecodeConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=6)
+    for ordered in (False, True):
+        runs = [generate(m, source, cfg, 1024, prefix_tokens=prefix,
+                         constraints=ConstraintSet.from_lists(phrases, ordered, CPU)) for m in (reference, fast)]
+        assert_same_hypotheses(runs[1], runs[0], abs_tol=1e-9)
