@@ -232,7 +232,7 @@ class GuidedConfig:
         "--prefix-file", default=None, path="file", metavar="FILE",
         help="One target prefix per input line (raw text, processed like the target side): each output "
              "starts with its prefix, then search continues. An empty line: no prefix. On a GPU, batches "
-             "with prefixes or constraints decode without CUDA graphs.")
+             "with prefixes or constraints take the eager search (only the model's step is a CUDA graph).")
     constraints: str | None = option(
         "--constraints", default=None, choices=CONSTRAINT_ORDERS, metavar="ordered|unordered",
         help="Lexically constrained decoding: every input line is source<TAB>phrase<TAB>phrase...; each "

@@ -57,6 +57,9 @@ def translate(**params: Any) -> None:
           --max-len-a 1 --max-len-b 50 -i test.en -o hyp.de
       nmt translate --path a.pt:b.pt --data-bin data-bin --output-format jsonl --nbest 4
       nmt translate --path run/checkpoint_best.pt --precision int8 --threads 4 -i test.en -o hyp.de
+      nmt translate --path run/checkpoint_best.pt --prefix-file prefixes.de --print-alignment -i test.en
+      paste test.en terms.de | nmt translate --path run/checkpoint_best.pt --constraints unordered
+      paste test.en test.de | nmt translate --path run/checkpoint_best.pt --score-reference
     """
     streams = config_from_params(Streams, params)
     reading_terminal = streams.input_path == "-" and sys.stdin.isatty()
