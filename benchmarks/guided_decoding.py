@@ -36,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sentences", type=int, default=500, help="(default: %(default)s)")
     p.add_argument("--beam", type=int, default=4, help="(default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="(default: %(default)s)")
+    p.add_argument("--max-len-a", type=float, default=0.0, help="(default: %(default)s, fairseq's)")
+    p.add_argument("--max-len-b", type=int, default=200, help="(default: %(default)s, fairseq's)")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per feature (default: %(default)s)")
     return p.parse_args()
 
@@ -49,7 +51,7 @@ def main() -> None:
     args = parse_args()
     sources = args.source.read_text(encoding="utf-8").splitlines()[: args.sentences]
     references = args.reference.read_text(encoding="utf-8").splitlines()[: len(sources)]
-    base = TranslateConfig(checkpoints=(str(args.checkpoint),), decode=DecodeConfig(beam=args.beam),
+    base = TranslateConfig(checkpoints=(str(args.checkpoint),), decode=DecodeConfig(beam=args.beam, max_len_a=args.max_len_a, max_len_b=args.max_len_b),
                            threads=args.threads, quiet=True)
     prepare_process(base)
     plain = [InputLine(i + 1, s) for i, s in enumerate(sources)]
@@ -66,15 +68,16 @@ def main() -> None:
          [InputLine(i + 1, f"{s}\t{r}") for i, (s, r) in enumerate(zip(sources, references))]),
     ]
     print(machine_line())
-    print(f"{args.checkpoint}: {len(sources)} sentences, beam {args.beam}, {args.threads} thread(s), "
-          f"torch {torch.__version__}")
+    print(f"{args.checkpoint}: {len(sources)} sentences, beam {args.beam}, max length {args.max_len_a:g} * "
+          f"source + {args.max_len_b}, {args.threads} thread(s), torch {torch.__version__}")
     plain_seconds = None
     for name, guided, lines in features:
         translator = Translator(replace(base, guided=guided), warn=lambda message: None)
         best, outputs = float("inf"), []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            outputs = [translator.format(t) for t in translator.translate(lines, "<bench>")]
+            translated = translator.translate(lines, "<bench>")
+            outputs = [translator.format(t) for t in translated]
             best = min(best, time.perf_counter() - start)
         plain_seconds = plain_seconds or best
         note = ""
@@ -82,6 +85,8 @@ def main() -> None:
             wanted = one if name.startswith("1") else two
             met = sum(all(w in out for w in line.split("\t")[1:]) for line, out in zip(wanted, outputs))
             note = f"\tphrases in output: {met}/{len(outputs)}"
+        tokens = sum(len(t.hypotheses[0].tokens) for t in translated if t.hypotheses)
+        note += f"\toutput tokens: {tokens}"
         print(f"{name}\t{best:.2f} s\t{len(lines) / best:.1f} lines/s\t{best / plain_seconds:.2f}x plain time{note}")
 
 

@@ -113,11 +113,13 @@ class ConstraintTracker:
     K: int
     met: Tensor  # (N, M) bool
     start: Tensor  # (N,) long
+    progress: Tensor  # (N, M) long
 
     @classmethod
-    def start(cls, phrases: ConstraintSet, K: int) -> "ConstraintTracker":
+    def for_beams(cls, phrases: ConstraintSet, K: int) -> "ConstraintTracker":
         met = phrases.lengths.eq(0).repeat_interleave(K, dim=0)
-        return cls(phrases, K, met, torch.zeros(met.size(0), dtype=torch.long, device=met.device))
+        zeros = torch.zeros(met.shape, dtype=torch.long, device=met.device)
+        return cls(phrases, K, met, zeros[:, 0].clone(), zeros)
 
     def _row_phrases(self, sentence: Tensor, per_row: int) -> tuple[Tensor, Tensor]:
         """Each row's phrases and lengths, `per_row` rows per sentence of `sentence` (B,)."""
@@ -132,8 +134,7 @@ class ConstraintTracker:
         B, K, V = lprobs.shape
         device = lprobs.device
         tokens, lengths = self._row_phrases(sentence, K)  # (N, M, W), (N, M)
-        now = track(tokens, lengths, self.phrases.ordered, history, self.met, self.start) if history.size(1) else \
-            PhraseProgress(self.met, self.start, torch.zeros_like(lengths))
+        now = PhraseProgress(self.met, self.start, self.progress)
         unfinished = now.met.all(dim=1).logical_not()  # (N,)
         if at_max is not None:  # at the maximum length </s> stays: an output for every input
             unfinished &= at_max.logical_not()
@@ -180,12 +181,12 @@ class ConstraintTracker:
         `history` (N, t)."""
         tokens, lengths = self._row_phrases(sentence, self.K)
         standing = track(tokens, lengths, self.phrases.ordered, history, self.met[rows], self.start[rows])
-        self.met, self.start = standing.met, standing.start
+        self.met, self.start, self.progress = standing.met, standing.start, standing.progress
 
     def keep_sentences(self, keep: Tensor) -> None:
         """Keep the rows of sentences `keep` (indices into the current B), in that order."""
         rows = (keep.unsqueeze(1) * self.K + torch.arange(self.K, device=keep.device)).view(-1)
-        self.met, self.start = self.met[rows], self.start[rows]
+        self.met, self.start, self.progress = self.met[rows], self.start[rows], self.progress[rows]
 
 
 def contains_phrases(tokens: list[int], phrases: list[list[int]], ordered: bool) -> bool:

@@ -334,7 +334,7 @@ def generate(
     pending: HostCopy | None = None  # last step's `done` flags, on their way to the host
     drop_fraction = model.sentence_drop_fraction
     column = torch.ones(1, dtype=torch.long, device=device)  # step + 1, kept on the device
-    tracker = ConstraintTracker.start(constraints, K) if constraints is not None else None
+    tracker = ConstraintTracker.for_beams(constraints, K) if constraints is not None else None
     for step in range(L - 1):
         B = state.cum_scores.size(0)
         lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
