@@ -355,3 +355,31 @@ def test_guided_search_on_the_reference_model_equals_the_fast_one():
         runs = [generate(m, source, cfg, 1024, prefix_tokens=prefix,
                          constraints=ConstraintSet.from_lists(phrases, ordered, CPU)) for m in (reference, fast)]
         assert_same_hypotheses(runs[1], runs[0], abs_tol=1e-9)
+
+
+def test_phrase_progress_follows_self_overlapping_phrases():
+    from nmt_cli.decode.constraints import track
+
+    phrase = torch.tensor([[[5, 5, 6]]])  # (N=1, M=1, W=3)
+    lengths = torch.tensor([[3]])
+    met, start = torch.zeros(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+    history: list[int] = []
+    standings = []
+    for token in [5, 5, 5, 6]:  # "5 5 5" keeps two tokens of "5 5 6" matched; then 6 completes it
+        history.append(token)
+        standing = track(phrase, lengths, False, torch.tensor([history]), met, start)
+        met, start = standing.met, standing.start
+        standings.append((int(standing.progress[0, 0]), bool(met[0, 0])))
+    assert standings == [(1, False), (2, False), (2, False), (0, True)]
+
+
+def test_replace_unk_copies_the_whole_aligned_source_word():
+    from nmt_cli.decode.guided import replace_unknowns
+
+    # A sentencepiece segmenter as word_indices sees it; its pieces join by their word marks.
+    bpe = BpeModel.__new__(BpeModel)
+    bpe.decode = lambda pieces: "".join(pieces).replace(WORD_START, " ").strip()
+    source = [WORD_START + "Zeit", WORD_START + "Gold", "schmied", "es"]
+    out = replace_unknowns([WORD_START + "the", "<unk>", WORD_START + "is", "<unk>"], source, [1, 3, 0, 0], bpe, bpe,
+                           "<unk>")
+    assert out == [WORD_START + "the", WORD_START + "Goldschmiedes", WORD_START + "is", WORD_START + "Zeit"]
