@@ -186,7 +186,8 @@ def test_token_log_probs_equal_summed_teacher_forcing_one_sentence_at_a_time():
     padded = torch.full((3, 6), PAD_ID)
     for i, t in enumerate(targets):
         padded[i, : len(t)] = torch.tensor(t)
-    batched = token_log_probs([model], source, padded)
+    batched = token_log_probs(model, source, padded)
+    assert torch.allclose(batched, token_log_probs([model, model], source, padded))  # one model twice: itself
     for i, t in enumerate(targets):
         row = source[i : i + 1, : int(source[i].ne(PAD_ID).sum())]
         # Incremental decoding, the search's own path, one token at a time.

@@ -34,12 +34,13 @@ def previous_tokens(tgt_tokens: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def token_log_probs(models: Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
+def token_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
     """Per-token log-probabilities (B, T), float32, of `tgt_tokens` (B, T) given
     `src_tokens` (B, S), both right-padded with `<pad>` and ending in `</s>`; 0 at pads.
 
     Several models are an ensemble: probabilities averaged, as in search (decode/ensemble.py).
     """
+    models = [models] if isinstance(models, Transformer) else list(models)
     prev = previous_tokens(tgt_tokens)
     per_model = []
     for model in models:
