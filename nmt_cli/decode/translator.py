@@ -175,7 +175,8 @@ class Translator:
                         self._align(src_tokens, hypotheses)
             for i, hyps in zip(items, hypotheses):
                 results[i].hypotheses = hyps
-        for i in todo if not self.cfg.guided.score_reference else ():  # in line order; a score is printed as it is
+        # In line order. (A reference's score is printed as it is, finite or not.)
+        for i in [] if self.cfg.guided.score_reference else todo:
             hyps = results[i].hypotheses
             if not hyps or not math.isfinite(hyps[0].score):  # only when the model's scores were not finite
                 self.warn(f"warning: {where(source_name, lines[i].number)}: no hypothesis with a finite score; "
