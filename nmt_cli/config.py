@@ -245,6 +245,72 @@ class DecodeConfig:
         check_seed(self.seed)
 
 
+# --- guided decoding (nmt translate: prefixes, constraints, alignments, scoring) -------
+
+CONSTRAINT_ORDERS = ("ordered", "unordered")
+
+
+@dataclass(frozen=True)
+class GuidedConfig:
+    """What guides or replaces translate's free search (decode/guided.py); all off by default.
+
+    Per-line inputs: a prefix from --prefix-file, constraints (tab-separated after the
+    source with --constraints), a reference (tab-separated after the source, or from
+    --reference-file, with --score-reference); with --json-input every line is a JSON
+    object holding them instead.
+    """
+
+    prefix_file: str | None = option(
+        "--prefix-file", default=None, path="file", metavar="FILE",
+        help="One target prefix per input line (raw text, processed like the target side): each output "
+             "starts with its prefix, then search continues. An empty line: no prefix. On a GPU, batches "
+             "with prefixes or constraints take the eager search (only the model's step is a CUDA graph).")
+    constraints: str | None = option(
+        "--constraints", default=None, choices=CONSTRAINT_ORDERS, metavar="ordered|unordered",
+        help="Lexically constrained decoding: every input line is source<TAB>phrase<TAB>phrase...; each "
+             "phrase (raw target text) appears in the output (ordered: in the given order).")
+    json_input: bool = flag_option(
+        "--json-input",
+        help="Every input line is a JSON object: {\"text\": source, \"prefix\": ..., \"constraints\": [...], "
+             "\"reference\": ...} (all but text optional).")
+    print_alignment: bool = flag_option(
+        "--print-alignment",
+        help="Word alignment srcword-tgtword (0-based, fairseq's A- pairs) of each output: after a tab in "
+             "text output, an \"alignment\" list in jsonl.")
+    alignment_layer: int = option(
+        "--alignment-layer", default=-1, show_default=True,
+        help="Decoder layer whose cross-attention (averaged over heads) aligns (-1: the last, as fairseq).")
+    replace_unk: bool = flag_option(
+        "--replace-unk", help="Replace each <unk> of the output with the source word aligned to it.")
+    score_reference: bool = flag_option(
+        "--score-reference",
+        help="Score given translations instead of translating: lines are source<TAB>reference (or see "
+             "--reference-file); prints the log-probability of the sentence, a tab, and of each token.")
+    reference_file: str | None = option(
+        "--reference-file", default=None, path="file", metavar="FILE",
+        help="With --score-reference: the references, one per input line (the input then holds sources only).")
+
+    @property
+    def needs_alignment(self) -> bool:
+        return self.print_alignment or self.replace_unk
+
+    @property
+    def reads_target_text(self) -> bool:
+        """Whether input lines may hold target text (prefixes, phrases, references)."""
+        return bool(self.prefix_file or self.constraints or self.json_input or self.score_reference)
+
+    def __post_init__(self) -> None:
+        if self.constraints is not None and self.constraints not in CONSTRAINT_ORDERS:
+            raise NmtError(f"--constraints must be one of {', '.join(CONSTRAINT_ORDERS)} (got {self.constraints!r})")
+        if self.reference_file is not None and not self.score_reference:
+            raise NmtError("--reference-file needs --score-reference")
+        if self.score_reference and (self.constraints or self.prefix_file or self.needs_alignment):
+            raise NmtError("--score-reference scores given translations: it takes no --prefix-file, --constraints, "
+                           "--print-alignment or --replace-unk")
+        if self.json_input and (self.prefix_file or self.reference_file):
+            raise NmtError("--json-input lines carry their own prefix and reference: drop --prefix-file/--reference-file")
+
+
 INPUT_FORMATS = ("raw", "bpe", "ids")
 OUTPUT_FORMATS = ("text", "bpe", "jsonl")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -300,6 +366,7 @@ class TranslateConfig:
         "--remove-bpe", default=None, flag_value="@@ ", metavar="[MARKER]",
         help="fairseq's; text and jsonl output always join pieces into words, so it changes nothing there "
              "[default: off]; refused with --output-format bpe, whose output is the pieces.")
+    guided: GuidedConfig = GuidedConfig()
     input_format: str = option(
         "--input-format", default="raw", choices=INPUT_FORMATS, show_default=True,
         help="raw: plain text (tokenized and BPE-segmented as in preprocessing); bpe: space-separated "
@@ -382,6 +449,8 @@ class TranslateConfig:
             check_cpu_count("--threads", self.threads)
         check_device_string(self.device)
         check_cpu_count("--workers", self.workers)
+        if self.decode.sampling and self.guided.constraints:
+            raise NmtError("--constraints needs beam search, not --sampling")
         if self.workers > 1 and self.device != "cpu":
             raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
         self._check_device_fits()

@@ -224,7 +224,10 @@ def test_engine_refuses_by_name_what_ctranslate2_cannot_do(run_dir, tmp_path):
     for flags, named in ((("--lenpen-style", "gnmt", "--lenpen", "0.6"), "--lenpen-style gnmt"),
                          (("--unk-penalty", "1"), "--unk-penalty"),
                          (("--sampling", "--beam", "4"), "--beam 1"),
-                         (("--workers", "2"), "--workers")):
+                         (("--workers", "2"), "--workers"),
+                         (("--constraints", "ordered"), "--constraints needs --engine nmt"),
+                         (("--print-alignment",), "--print-alignment needs --engine nmt"),
+                         (("--score-reference",), "--score-reference needs --engine nmt")):
         result = nmt("translate", "--engine", "ctranslate2", "--path", ckpt, "--device", "cpu", *flags, input="the dog\n")
         assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1 and named in result.stderr
     ensemble = nmt("translate", "--engine", "ctranslate2", "--path", f"{ckpt}:{ckpt}", "--device", "cpu", input="x\n")

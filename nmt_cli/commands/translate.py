@@ -62,6 +62,10 @@ def translate(**params: Any) -> None:
       nmt translate --path run/checkpoint_best.pt --precision int8 --threads 4 -i test.en -o hyp.de
     fairseq-interactive's way (a data directory, --cpu, --fp16, --remove-bpe, ...):
       nmt translate --path run/checkpoint_best.pt data-bin --beam 5 --source-lang en --target-lang de
+    Guided decoding (a forced prefix, terminology constraints, alignments, scoring references):
+      nmt translate --path run/checkpoint_best.pt --prefix-file prefixes.de --print-alignment -i test.en
+      paste test.en terms.de | nmt translate --path run/checkpoint_best.pt --constraints unordered
+      paste test.en test.de | nmt translate --path run/checkpoint_best.pt --score-reference
     """
     streams = config_from_params(Streams, params)
     reading_terminal = streams.input_path == "-" and sys.stdin.isatty()
@@ -77,6 +81,7 @@ def translate(**params: Any) -> None:
 def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     """Translate `input_path` into `output_path` ("-": stdin / stdout)."""
     refuse_overwriting_inputs(output_path, _inputs_read(cfg, input_path))
+    from nmt_cli.decode.guided import with_side_file
     from nmt_cli.decode.lines import chunks, read_lines
     from nmt_cli.decode.translator import Translator, prepare_process
     from nmt_cli.decode.workers import ParallelTranslator
@@ -94,7 +99,11 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         sink = stack.enter_context(published_output(output_path))
         started, lines_done = time.monotonic(), 0
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
-        for group, read_error in chunks(read_lines(source, source_name, cfg.errors), cfg.buffer_size):
+        lines = read_lines(source, source_name, cfg.errors)
+        for side_path, field in ((cfg.guided.prefix_file, "prefix"), (cfg.guided.reference_file, "reference")):
+            if side_path is not None:  # guided decoding's line-by-line side inputs
+                lines = with_side_file(lines, stack.enter_context(opened(side_path, "rb")), side_path, field, cfg.errors)
+        for group, read_error in chunks(lines, cfg.buffer_size):
             text = "".join(translator.format(translation) + "\n" for translation in translator.translate(group, source_name))
             _write(sink, text.encode("utf-8"), output_path)
             advance(len(group))
@@ -111,7 +120,9 @@ def _inputs_read(cfg: TranslateConfig, input_path: str) -> list[tuple[str, str |
     data-bin files (meta.json, dictionaries, BPE models) that turn text into ids and back."""
     data_dir = Path(cfg.data_bin) if cfg.data_bin else Path(cfg.checkpoints[0]).parent
     data_files = [p for pattern in ("meta.json", "dict.*.txt", "*.model", "*.codes") for p in sorted(data_dir.glob(pattern))]
-    return ([("--input", input_path)] + [("--path", checkpoint) for checkpoint in cfg.checkpoints]
+    side_files = [(flag, path) for flag, path in (("--prefix-file", cfg.guided.prefix_file),
+                                                  ("--reference-file", cfg.guided.reference_file)) if path]
+    return ([("--input", input_path)] + side_files + [("--path", checkpoint) for checkpoint in cfg.checkpoints]
             + [("--data-bin file" if cfg.data_bin else "data file", p) for p in data_files])
 
 

@@ -67,6 +67,12 @@ def check_engine_options(cfg: TranslateConfig) -> None:
         raise NmtError("--temperature without --sampling needs --engine nmt")
     if d.sampling and d.beam > 1:
         raise NmtError("--sampling with --engine ctranslate2 draws one sample per sentence: give --beam 1")
+    g = cfg.guided
+    for flag, given in (("--prefix-file", g.prefix_file is not None), ("--constraints", g.constraints is not None),
+                        ("--json-input", g.json_input), ("--print-alignment", g.print_alignment),
+                        ("--replace-unk", g.replace_unk), ("--score-reference", g.score_reference)):
+        if given:  # guided decoding is nmt's own search
+            raise NmtError(f"{flag} needs --engine nmt")
 
 
 class CTranslate2Engine:

@@ -19,6 +19,9 @@ from nmt_cli.text.reader import decode_utf8, stream_lines, without_line_end
 class InputLine:
     number: int  # 1-based
     text: str
+    # From the side files of guided decoding (decode/guided.py): the line of the same number.
+    prefix: str | None = None  # --prefix-file
+    reference: str | None = None  # --reference-file
 
 
 def read_lines(stream: BinaryIO, name: str, errors: str) -> Iterator[InputLine]:

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.decode.constraints import ConstraintSet, ConstraintTracker, rank_complete_first
 from nmt_cli.decode.lenpen import length_penalty
 from nmt_cli.decode.row_topk import row_topk
 from nmt_cli.decode.sampling import sample_candidates
@@ -78,6 +79,9 @@ class Hypothesis:
     tokens: list[int]  # target ids, ending with </s>
     score: float  # summed log-prob / length penalty
     positional_scores: list[float]  # log-prob of each token (same length as tokens)
+    # With --print-alignment/--replace-unk: per token but the final </s>, the source
+    # position it attends most (decode/forced.py); None otherwise.
+    source_positions: list[int] | None = None
 
 
 def check_beam_fits(beam: int, vocab_size: int) -> None:
@@ -126,6 +130,16 @@ def penalize(lprobs: Tensor, cfg: DecodeConfig) -> Tensor:
     if cfg.unk_penalty:
         lprobs[:, UNK_ID] -= cfg.unk_penalty
     return lprobs
+
+
+def force_prefix(lprobs: Tensor, wanted: Tensor, K: int) -> None:
+    """Rows of sentences whose `wanted` (B,) token is not `<pad>` may only take it (in
+    place); it keeps its log-prob. The other rows are left as they are."""
+    token = wanted.repeat_interleave(K).unsqueeze(1)  # (B*K, 1)
+    forced = token.ne(PAD_ID)
+    kept = lprobs.gather(1, token)
+    lprobs.masked_fill_(forced, -math.inf)
+    lprobs.scatter_(1, token, torch.where(forced, kept, lprobs.gather(1, token)))
 
 
 def force_eos(lprobs: Tensor, at_max: Tensor) -> Tensor:
@@ -282,8 +296,14 @@ def generate(
     max_target_positions: int,
     generator: torch.Generator | None = None,
     lagged_sync: bool | None = None,
+    prefix_tokens: Tensor | None = None,
+    constraints: ConstraintSet | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode a batch: src_tokens (B, S) right-padded with `<pad>`, each ending in `</s>`.
+
+    `prefix_tokens` (B, P), right-padded with `<pad>`: each output starts with its row's
+    tokens (forced; their log-probs are the model's). `constraints`: phrases each output
+    must contain (decode/constraints.py; beam search only).
 
     Returns, per sentence in input order, its best `cfg.nbest` hypotheses, best first.
     `generator` seeds sampling (fairseq's --sampling); beam search is deterministic.
@@ -299,6 +319,11 @@ def generate(
         return []
     src_lengths = src_tokens.ne(PAD_ID).sum(dim=1).tolist()
     max_len = max_output_lengths(src_lengths, cfg, max_target_positions)
+    if prefix_tokens is not None:  # the whole prefix fits, whatever --max-len-a/b say
+        max_len = [max(m, p) for m, p in zip(max_len, prefix_tokens.ne(PAD_ID).sum(dim=1).tolist())]
+    if constraints is not None:  # room for the phrases on top of a free translation
+        cap = max_target_positions - 1
+        max_len = [min(m + extra, cap) for m, extra in zip(max_len, constraints.lengths.sum(dim=1).tolist())]
     L = max(max_len) + 2
     shortest_max_len = min(max_len)  # before this step no sentence needs a forced </s>
     state = BeamState.start(torch.tensor(max_len, device=device), K, L)
@@ -309,6 +334,7 @@ def generate(
     pending: HostCopy | None = None  # last step's `done` flags, on their way to the host
     drop_fraction = model.sentence_drop_fraction
     column = torch.ones(1, dtype=torch.long, device=device)  # step + 1, kept on the device
+    tracker = ConstraintTracker.for_beams(constraints, K) if constraints is not None else None
     for step in range(L - 1):
         B = state.cum_scores.size(0)
         lprobs = model.decode_step(state.tokens[:, : step + 1], encoder_out, cache).float()  # (B*K, V)
@@ -317,8 +343,13 @@ def generate(
             check_beam_fits(K, V)
         at_max = state.max_len.le(step).repeat_interleave(K) if step >= shortest_max_len else None  # (B*K,)
         lprobs = adjust_lprobs(lprobs, state.tokens[:, 1 : step + 1], step, at_max, cfg)
+        if prefix_tokens is not None and step < prefix_tokens.size(1):
+            force_prefix(lprobs, prefix_tokens[state.sentence, step], K)
         lprobs3 = lprobs.view(B, K, V)
-        if cfg.sampling:
+        if tracker is not None:
+            cands = tracker.candidates(lprobs3, state.cum_scores, state.tokens[:, 1 : step + 1], state.sentence,
+                                       at_max, step)
+        elif cfg.sampling:
             cands = sample_candidates(lprobs3, state.cum_scores, step, cfg.sampling_topk, cfg.sampling_topp, generator)
         else:
             cands = beam_candidates(lprobs3, state.cum_scores, first_step=step == 0)
@@ -329,6 +360,8 @@ def generate(
         finish_hypotheses(filled, cands, lprobs, column, length_penalty(step + 1, cfg.lenpen, cfg.lenpen_style), cfg)
         state.done |= state.fin_count.ge(K) | state.max_len.le(step)  # (B,)
         rows = advance_beams(filled, cands, lprobs, column, K)
+        if tracker is not None:
+            tracker.advance(rows, state.tokens[:, 1 : step + 2], state.sentence)
         column += 1
         done = pending if lagged_sync else HostCopy(state.done)
         kept_sentences = None  # all sentences stay, unless some leave below
@@ -341,11 +374,15 @@ def generate(
                 # Copied to the device only now: a blocking copy waits for the device's queue.
                 keep = done_flags.logical_not().nonzero().squeeze(1).to(device)
                 _store_finished(results, state)
+                if tracker is not None:
+                    tracker.keep_sentences(keep)
                 state, rows, encoder_out = _drop_done(model, state, rows, encoder_out, keep, K)
                 kept_sentences = keep
         pending = HostCopy(state.done) if lagged_sync else None
         model.reorder_cache(cache, rows, sentence_index=kept_sentences)
     _store_finished(results, state)
+    if constraints is not None:
+        return [hyps[: cfg.nbest] for hyps in rank_complete_first(best_hypotheses(results, K), constraints)]
     return best_hypotheses(results, cfg.nbest)
 
 

@@ -11,16 +11,20 @@ import json
 import math
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from nmt_cli.config import TranslateConfig
-from nmt_cli.data.dictionary import EOS_ID, PAD_ID
+from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.decode.constraints import ConstraintSet
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
+from nmt_cli.decode.forced import hard_alignment, pad_rows, token_log_probs
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
+from nmt_cli.decode.guided import (GuidedLine, format_alignment, parse_line, replace_unknowns, word_alignment,
+                                   word_indices)
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import (LoadedModels, TextSides, fairseq_interactive_text, load_models,
                                    load_text_sides, text_directory)
@@ -47,7 +51,8 @@ def prepare_process(cfg: TranslateConfig) -> None:
 @dataclass
 class Translation:
     number: int  # input line number
-    hypotheses: list[Hypothesis]  # best first; empty for a blank line
+    hypotheses: list[Hypothesis]  # best first; empty for a blank line (--score-reference: the reference)
+    source_ids: list[int] | None = None  # the source as the model read it (for alignments)
 
 
 def make_batches(lengths: list[int], max_tokens: int | None, batch_size: int | None) -> list[list[int]]:
@@ -110,7 +115,7 @@ class Translator:
             if isinstance(self.decoder, GraphedTransformer) and supports_fixed_search(cfg.decode):
                 self.fixed_search = FixedSearch(self.decoder, cfg.decode)
         need_source = cfg.input_format == "raw"
-        need_target = cfg.output_format in ("text", "jsonl")
+        need_target = cfg.output_format in ("text", "jsonl") or (need_source and cfg.guided.reads_target_text)
         directory = text_directory(cfg.checkpoints[0], cfg.data_bin)
         if cfg.data_bin is not None:
             need_source = need_target = True  # an explicit --data-bin is always checked
@@ -174,19 +179,27 @@ class Translator:
         return ids[: limit - 1] + [EOS_ID]
 
     def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
-        """Translations of `lines`, in the same order."""
-        encoded = [self.source_ids(line, source_name) for line in lines]
-        results = [Translation(line.number, []) for line in lines]
+        """Translations of `lines`, in the same order (--score-reference: their references' scores)."""
+        guided = [parse_line(line, self.cfg.guided, source_name) for line in lines]
+        encoded = [self.source_ids(replace(line, text=g.source), source_name) for line, g in zip(lines, guided)]
+        results = [Translation(line.number, [], ids) for line, ids in zip(lines, encoded)]
         todo = [i for i, ids in enumerate(encoded) if ids is not None]
+        targets = {i: self._guide_ids(guided[i], lines[i].number, source_name) for i in todo}
         batches = make_batches([len(encoded[i]) for i in todo], self.cfg.max_tokens, self.cfg.batch_size)
         for batch in batches:
             items = [todo[j] for j in batch]
             src_tokens = pad_batch([encoded[i] for i in items], self.device)
             with self._autocast():
-                hypotheses = self._search(src_tokens)
+                if self.cfg.guided.score_reference:
+                    hypotheses = self._score_references(src_tokens, [targets[i].reference for i in items])
+                else:
+                    hypotheses = self._guided_search(src_tokens, [targets[i] for i in items])
+                    if self.cfg.guided.needs_alignment:
+                        self._align(src_tokens, hypotheses)
             for i, hyps in zip(items, hypotheses):
                 results[i].hypotheses = hyps
-        for i in todo:  # in line order
+        # In line order. (A reference's score is printed as it is, finite or not.)
+        for i in [] if self.cfg.guided.score_reference else todo:
             hyps = results[i].hypotheses
             if not hyps or not math.isfinite(hyps[0].score):  # only when the model's scores were not finite
                 self.warn(f"warning: {where(source_name, lines[i].number)}: no hypothesis with a finite score; "
@@ -201,6 +214,108 @@ class Translator:
             return self.fixed_search.generate(src_tokens, max_positions)
         return generate(self.decoder, src_tokens, self.cfg.decode, max_positions, self.generator)
 
+    # ---- guided decoding (decode/guided.py, decode/constraints.py, decode/forced.py) ----
+
+    def _guide_ids(self, guide: GuidedLine, number: int, source_name: str) -> "GuideIds":
+        """A line's prefix, phrases and reference as target ids (without </s>)."""
+        at = where(source_name, number)
+        prefix = self._target_ids(guide.prefix, "prefix", at) if guide.prefix else []
+        if len(prefix) >= self.models.max_target_positions:
+            raise NmtError(f"prefix of {len(prefix)} tokens does not fit the model's {self.models.max_target_positions} "
+                           f"target positions at {at}")
+        phrases = [ids for ids in (self._target_ids(c, "constraint", at) for c in guide.constraints) if ids]
+        reference = None
+        if self.cfg.guided.score_reference:
+            reference = self._target_ids(guide.reference or "", "reference", at) + [EOS_ID]
+            if len(reference) > self.models.max_target_positions:
+                raise NmtError(f"reference of {len(reference)} tokens (with </s>) is longer than the model's "
+                               f"{self.models.max_target_positions} target positions at {at}")
+        return GuideIds(prefix, phrases, reference)
+
+    def _target_ids(self, text: str, what: str, at: str) -> list[int]:
+        if self.cfg.input_format == "raw":
+            pieces = self.text.target.encode(text)
+        elif self.cfg.input_format == "bpe":
+            pieces = text.split()
+        else:
+            try:
+                ids = [int(field) for field in text.split()]
+            except ValueError:
+                raise NmtError(f"--input-format ids: {what} is not a list of integers at {at}") from None
+            bad = [i for i in ids if not 0 <= i < len(self.models.tgt_dict)]
+            if bad:
+                raise NmtError(f"--input-format ids: {what} id {bad[0]} is outside the target dictionary "
+                               f"(0..{len(self.models.tgt_dict) - 1}) at {at}")
+            return [i for i in ids if i != EOS_ID]
+        return self.models.tgt_dict.encode(pieces, append_eos=False)
+
+    def _guided_search(self, src_tokens: torch.Tensor, guides: list["GuideIds"]) -> list[list[Hypothesis]]:
+        """Search with the batch's prefixes and phrases; plain search when it has none.
+        (A guided batch takes the eager search: the fixed-shape one knows no guides.)"""
+        if not any(g.prefix or g.phrases for g in guides):
+            return self._search(src_tokens)
+        prefix = pad_batch([g.prefix or [PAD_ID] for g in guides], self.device) if any(g.prefix for g in guides) else None
+        constraints = None
+        if any(g.phrases for g in guides):
+            if self.cfg.decode.sampling:
+                raise NmtError("constraints need beam search, not --sampling")
+            ordered = (self.cfg.guided.constraints or "ordered") == "ordered"
+            constraints = ConstraintSet.from_lists([g.phrases for g in guides], ordered, self.device)
+        return generate(self.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator,
+                        prefix_tokens=prefix, constraints=constraints)
+
+    def _transformers(self) -> list:
+        decoder = self.models.decoder
+        return list(decoder.models) if hasattr(decoder, "models") else [decoder]
+
+    def _score_references(self, src_tokens: torch.Tensor, references: list[list[int]]) -> list[list[Hypothesis]]:
+        """Each reference as a hypothesis scored by teacher forcing: score = summed log-prob."""
+        lprobs = token_log_probs(self._transformers(), src_tokens, pad_rows(references, self.device)).cpu()
+        out = []
+        for row, ids in zip(lprobs, references):
+            scores = row[: len(ids)].tolist()
+            out.append([Hypothesis(ids, float(sum(scores)), scores)])
+        return out
+
+    def _align(self, src_tokens: torch.Tensor, hypotheses: list[list[Hypothesis]]) -> None:
+        """Set each hypothesis' source_positions from the --alignment-layer's cross-attention
+        (of the first model of an ensemble), by teacher forcing."""
+        flat = [(b, h) for b, hyps in enumerate(hypotheses) for h in hyps]
+        if not flat:
+            return
+        model = self._transformers()[0]
+        layers = len(model.decoder.layers)
+        layer = self.cfg.guided.alignment_layer
+        if not -layers <= layer < layers:
+            raise NmtError(f"--alignment-layer {layer} is outside the model's {layers} decoder layers")
+        src = src_tokens[torch.tensor([b for b, _ in flat], device=src_tokens.device)]
+        positions = hard_alignment(model, src, [h.tokens for _, h in flat], layer % layers)
+        for (_, hyp), row in zip(flat, positions):
+            hyp.source_positions = row
+
+    def _pieces(self, hyp: Hypothesis, translation: Translation) -> tuple[list[str], list[int] | None]:
+        """The hypothesis' target pieces (--replace-unk applied) and, with alignments, the
+        source position of each."""
+        tgt_dict = self.models.tgt_dict
+        if hyp.source_positions is None:
+            return tgt_dict.decode(hyp.tokens), None
+        kept = [(t, s) for t, s in zip(hyp.tokens, hyp.source_positions) if t not in (BOS_ID, PAD_ID, EOS_ID)]
+        pieces, positions = [tgt_dict.symbols[t] for t, _ in kept], [s for _, s in kept]
+        if self.cfg.guided.replace_unk:
+            source_pieces = self.models.src_dict.decode(translation.source_ids)
+            pieces = replace_unknowns(pieces, source_pieces, positions, self._segmenter(self.text.source),
+                                      self._segmenter(self.text.target), tgt_dict.symbols[UNK_ID])
+        return pieces, positions
+
+    @staticmethod
+    def _segmenter(pipeline) -> object | None:
+        return pipeline.bpe if pipeline is not None else None
+
+    def _alignment(self, pieces: list[str], positions: list[int], translation: Translation) -> list[tuple[int, int]]:
+        source_pieces = self.models.src_dict.decode(translation.source_ids)
+        return word_alignment(positions, word_indices(source_pieces, self._segmenter(self.text.source)),
+                              word_indices(pieces, self._segmenter(self.text.target)))
+
     def _autocast(self):
         if self.cfg.precision in ("fp32", "int8") or self.engine is not None:
             return nullcontext()
@@ -213,30 +328,52 @@ class Translator:
         fmt = self.cfg.output_format
         if fmt == "jsonl":
             return json.dumps(self._json(translation), ensure_ascii=False)
+        if self.cfg.guided.score_reference:  # one score line per input line (the reference's)
+            if not translation.hypotheses:
+                return ""
+            best = translation.hypotheses[0]
+            return f"{best.score:.6f}\t" + " ".join(f"{s:.6f}" for s in best.positional_scores)
         # --nbest N: N lines per input line, best first; missing hypotheses (an empty input) are empty lines.
         lines = []
         for hypothesis in translation.hypotheses[: self.cfg.decode.nbest]:
-            pieces = self.models.tgt_dict.decode(hypothesis.tokens)
-            lines.append(_one_line(" ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces)))
+            pieces, positions = self._pieces(hypothesis, translation)
+            text = _one_line(" ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces))
+            if self.cfg.guided.print_alignment:
+                text += "\t" + format_alignment(self._alignment(pieces, positions, translation))
+            lines.append(text)
         return "\n".join(lines + [""] * (self.cfg.decode.nbest - len(lines)))
 
     def _json(self, translation: Translation) -> dict:
-        entries = [self._json_hypothesis(h) for h in translation.hypotheses]
+        entries = [self._json_hypothesis(h, translation) for h in translation.hypotheses]
         best = entries[0] if entries else {"hyp": "", "score": None, "tokens": [], "ids": [], "positional_scores": []}
+        if not entries and self.cfg.guided.print_alignment:
+            best["alignment"] = []
         record = {"line": translation.number, **best}
         if self.cfg.decode.nbest > 1:
             record["nbest"] = entries
         return record
 
-    def _json_hypothesis(self, hyp: Hypothesis) -> dict:
-        pieces = self.models.tgt_dict.decode(hyp.tokens)
-        return {
+    def _json_hypothesis(self, hyp: Hypothesis, translation: Translation) -> dict:
+        pieces, positions = self._pieces(hyp, translation)
+        entry = {
             "hyp": _one_line(self.text.target.decode(pieces)),
             "score": _finite_or_none(hyp.score),
             "tokens": self.models.tgt_dict.decode(hyp.tokens, strip_specials=False),
             "ids": hyp.tokens,
             "positional_scores": [_finite_or_none(round(s, 6)) for s in hyp.positional_scores],
         }
+        if self.cfg.guided.print_alignment:
+            entry["alignment"] = [list(pair) for pair in self._alignment(pieces, positions, translation)]
+        return entry
+
+
+@dataclass
+class GuideIds:
+    """One line's guides as target ids, none ending in </s> but the reference."""
+
+    prefix: list[int]  # empty: none
+    phrases: list[list[int]]  # each non-empty
+    reference: list[int] | None  # --score-reference only, ending in </s>
 
 
 def _one_line(text: str) -> str:
