@@ -7,6 +7,8 @@ maximum source positions is cut to fit, with a warning naming the line.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nmt_cli.config import TranslateConfig
+from nmt_cli.config import DecodeConfig, TranslateConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
@@ -152,7 +154,10 @@ class Translator:
 
     def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
         """Translations of `lines`, in the same order."""
-        encoded = [self.source_ids(line, source_name) for line in lines]
+        return self.translate_ids(lines, [self.source_ids(line, source_name) for line in lines], source_name)
+
+    def translate_ids(self, lines: list[InputLine], encoded: list[list[int] | None], source_name: str) -> list[Translation]:
+        """Translations of `lines` already encoded by `source_ids` (None: nothing to translate)."""
         results = [Translation(line.number, []) for line in lines]
         todo = [i for i, ids in enumerate(encoded) if ids is not None]
         batches = make_batches([len(encoded[i]) for i in todo], self.cfg.max_tokens, self.cfg.batch_size)
@@ -189,9 +194,24 @@ class Translator:
             return json.dumps(self._json(translation), ensure_ascii=False)
         if not translation.hypotheses:
             return ""
-        pieces = self.models.tgt_dict.decode(translation.hypotheses[0].tokens)
-        text = " ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces)
-        return _one_line(text)
+        if fmt == "bpe":
+            return _one_line(" ".join(self.models.tgt_dict.decode(translation.hypotheses[0].tokens)))
+        return self.hypothesis_text(translation.hypotheses[0])
+
+    def hypothesis_text(self, hyp: Hypothesis) -> str:
+        """A hypothesis as detokenized text on one line."""
+        return _one_line(self.text.target.decode(self.models.tgt_dict.decode(hyp.tokens)))
+
+    def with_decode(self, decode: DecodeConfig) -> Translator:
+        """This translator's loaded models and text pipelines searching with `decode` instead
+        (the Python API's and the server's per-call options); the original is unchanged."""
+        check_beam_fits(decode.beam, len(self.models.tgt_dict))
+        other = copy.copy(self)
+        other.cfg = dataclasses.replace(self.cfg, decode=decode)
+        other.generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        if self.fixed_search is not None:
+            other.fixed_search = FixedSearch(self.decoder, decode) if supports_fixed_search(decode) else None
+        return other
 
     def _json(self, translation: Translation) -> dict:
         entries = [self._json_hypothesis(h) for h in translation.hypotheses]
