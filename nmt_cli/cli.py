@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("score", "BLEU / chrF / TER as sacreBLEU reports them, and tokenized BLEU."),
     "average": ("average", "Average the parameters of several checkpoints."),
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
+    "serve": ("serve", "Serve models over HTTP (nmt's JSON API and LibreTranslate's) with dynamic batching."),
 }
 
 # OS errors that report the state of the machine (disk full, read-only, no permission)

@@ -19,6 +19,7 @@ from nmt_cli.config import (
     ModelConfig,
     PreprocessConfig,
     ScoreConfig,
+    ServeConfig,
     TrainConfig,
     TranslateConfig,
 )
@@ -38,6 +39,7 @@ COMMANDS = {
     "score": ((ScoreConfig,), False, ["--ref", "ref.txt"], set()),
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
     "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
+    "serve": ((ServeConfig,), False, ["--path", "run"], set()),
     "info": ((), True, ["--arch", "transformer_tiny"],
              {"arch", "checkpoint", "vocab_size", "src_vocab_size", "tgt_vocab_size", "as_json"}),
 }
