@@ -855,7 +855,7 @@ class ServeConfig:
     decode: DecodeConfig = DecodeConfig()
     max_batch_tokens: int = option("--max-batch-tokens", default=4096, show_default=True,
                                    help="Source tokens translated together in one batch (requests are merged up to it).")
-    max_wait_ms: float = option("--max-wait-ms", default=10.0, show_default=True,
+    max_wait_ms: float = option("--max-wait-ms", default=50.0, show_default=True,
                                 help="How long the first request of a batch waits for others to join it.")
     queue_size: int = option("--queue-size", default=1024, show_default=True,
                              help="Sentences waiting per model; beyond it requests get 503 with Retry-After.")

@@ -217,7 +217,9 @@ def test_a_full_queue_answers_503_then_sigterm_answers_every_queued_request(run_
                 assert body["translations"] == [expected[t] for t in request]
         assert server.translate(texts[:3])[0] == 200  # and it serves the next request
 
-        # Two requests wait in the queue (--max-wait-ms) when SIGTERM arrives: both are answered.
+        # Two requests wait in the queue (--max-wait-ms, from the first one's arrival once the
+        # server has been idle that long) when SIGTERM arrives: both are answered.
+        time.sleep(1.2)
         queued: list[Future] = []
         for k in range(2):
             future: Future = Future()
@@ -286,3 +288,29 @@ def test_a_failing_batch_fails_only_its_requests_and_batches_keep_settings_apart
     assert sorted(calls) == sorted([(["a", "b", "c"], "beam4"), (["boom", "g"], "beam1"), (["d", "e", "f"], "beam4")])
     assert batcher.submit(["h"], [None], 1, "beam4").result(10).results == ["H"]  # the worker goes on
     batcher.stop()
+
+
+def test_under_steady_load_batches_stay_whole():
+    sizes: list[int] = []
+
+    def translate(texts, encoded, settings):
+        sizes.append(len(texts))
+        time.sleep(0.02)
+        return list(texts)
+
+    batcher = Batcher(translate, max_batch_tokens=4096, max_wait_s=0.3, capacity=100)
+    batcher.start()
+
+    def client(k: int) -> None:  # a closed loop: the next request once the last is answered
+        for i in range(8):
+            assert batcher.submit([f"{k}.{i}"], [None], 1, "beam4").result(10).results == [f"{k}.{i}"]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.stop()
+    # 64 sentences from 8 clients: whole batches of 8 (the first wait gathers them all, and each
+    # batch waits for the clients it answered), never a batch split in two halves that alternate.
+    assert sum(sizes) == 64 and len(sizes) <= 10, sizes

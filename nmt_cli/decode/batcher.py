@@ -70,6 +70,10 @@ class Batcher:
         self._queued_sentences = 0
         self._cond = threading.Condition()
         self._stopping = False
+        # When the last batch ended and how many sentences it answered: its clients' next
+        # requests are on their way, and waiting for them keeps batches whole (see _next_batch).
+        self._last_done = -float("inf")
+        self._coming_back = 0
         self._thread = threading.Thread(target=self._run, name=f"nmt-batcher-{name}", daemon=True)
 
     def start(self) -> None:
@@ -116,8 +120,16 @@ class Batcher:
                     return None
                 self._cond.wait()
             first = self._jobs[0]
-            deadline = first.submitted + self.max_wait_s
-            while not self._stopping and self._tokens_like(first.settings) < self.max_batch_tokens:
+            # Wait up to max_wait for others to join: from the first request's arrival, or just
+            # after a batch, from its end and only until as many sentences are queued as were
+            # queued then plus those it answered (its clients' next requests are on their way).
+            # Without that, requests queued while a batch ran would leave at once, the
+            # answered clients' next ones would form the batch after, and batches would stay
+            # split in two; with it, a lone client's next request leaves as soon as it comes.
+            just_after_batch = time.monotonic() < self._last_done + self.max_wait_s
+            deadline = (self._last_done if just_after_batch else first.submitted) + self.max_wait_s
+            while (not self._stopping and self._tokens_like(first.settings) < self.max_batch_tokens
+                   and not (just_after_batch and self._queued_sentences >= self._coming_back)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -148,6 +160,8 @@ class Batcher:
                 job.future.set_exception(error)
             return
         seconds = time.monotonic() - started
+        with self._cond:
+            self._last_done, self._coming_back = time.monotonic(), self._queued_sentences + len(texts)
         self._observer.batch_done(len(texts), len(batch), seconds)
         offset = 0
         for job in batch:
