@@ -5,7 +5,8 @@ Starts `nmt serve` on a free loopback port and, for each number of concurrent cl
 thread with its own keep-alive http.client connection, taking the next sentence until
 --count sentences are done or --max-seconds have passed). It prints, per level,
 sentences/s and p50/p95/p99 latency, and its ratio to `nmt translate` on the same
-sentences as one batch job (its start-up, timed on one line, left out). Then an overload
+sentences as one batch job (its start-up, timed on one line, left out), and that job in
+chunks of --ceiling lines (single-sentence clients can batch no more than their number). Then an overload
 run: a second server with a tiny --queue-size under the most clients, counting 503
 answers (with Retry-After) and checking that the server still answers afterwards.
 Every translation the server gave must be the batch job's line for that sentence.
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server and the batch job (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=int, default=4096, help="(default: %(default)s)")
     p.add_argument("--max-wait-ms", type=float, default=50.0, help="(default: %(default)s)")
+    p.add_argument("--ceiling", type=int, default=32,
+                   help="also time the batch job in chunks of this many lines, the most N clients can batch (0: skip)")
     p.add_argument("--overload-queue", type=int, default=8, help="--queue-size of the overload run (0: skip it)")
     return p.parse_args(argv)
 
@@ -51,10 +54,10 @@ def nmt_command() -> list[str]:
     return [sys.executable, "-m", "nmt_cli"]
 
 
-def batch_job(args: argparse.Namespace, sentences: list[str]) -> tuple[float, list[str]]:
+def batch_job(args: argparse.Namespace, sentences: list[str], *more_flags: str) -> tuple[float, list[str]]:
     """sentences/s of `nmt translate` on all the sentences, its start-up (one line) left out."""
     flags = ["--path", checkpoint_of(args.path), "--beam", str(args.beam), "--threads", str(args.threads),
-             "--device", "cpu", "--quiet"]
+             "--device", "cpu", "--quiet", *more_flags]
     with tempfile.TemporaryDirectory() as tmp:
         def timed(lines: list[str]) -> tuple[float, list[str]]:
             source, out = Path(tmp) / "in.txt", Path(tmp) / "out.txt"
@@ -184,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.max_batch_tokens} --max-wait-ms {args.max_wait_ms:g}")
     batch_rate, expected = batch_job(args, sentences)
     print(result_line("nmt translate (one batch job)", {"sentences/s": f"{batch_rate:.1f}"}), flush=True)
+    if args.ceiling:
+        # C clients with one sentence each put at most C sentences in a batch: the same job in
+        # chunks of C input lines (each sorted and translated as one batch) bounds the server.
+        rate, _ = batch_job(args, sentences, "--buffer-size", str(args.ceiling))
+        print(result_line(f"nmt translate --buffer-size {args.ceiling}", {
+            "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x"}), flush=True)
     server = Server(args)
     try:
         for clients in levels:
