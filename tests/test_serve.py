@@ -314,3 +314,24 @@ def test_under_steady_load_batches_stay_whole():
     # 64 sentences from 8 clients: whole batches of 8 (the first wait gathers them all, and each
     # batch waits for the clients it answered), never a batch split in two halves that alternate.
     assert sum(sizes) == 64 and len(sizes) <= 10, sizes
+
+
+def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir, tmp_path):
+    source = tmp_path / "test.en"
+    source.write_text("".join(s + "\n" for s in generated_sentences(12, seed=15)), encoding="utf-8")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "serve_load.py"), str(run_dir), "--input", str(source),
+         "--clients", "1,4", "--count", "12", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
+         "--overload-queue", "1"], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    batch = float(next(line for line in lines if line.startswith("nmt translate (one batch job)")).split()[5])
+    for clients in (1, 4):
+        line = next(line for line in lines if line.startswith(f"nmt serve, {clients} client(s)"))
+        fields = line.split()
+        rate, ratio = float(fields[4]), float(fields[6].rstrip("x"))
+        assert ratio == pytest.approx(rate / batch, abs=0.006)
+        assert "12 answered   0 differing from batch   0 errors" in line
+    overload = next(line for line in lines if line.startswith("overload:"))
+    assert "0 other errors" in overload and "yes healthy after" in overload and "0 differing" in overload
