@@ -323,7 +323,7 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
     result = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "serve_load.py"), str(run_dir), "--input", str(source),
          "--clients", "1,4", "--count", "12", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
-         "--overload-queue", "1"], capture_output=True, text=True, timeout=240)
+         "--overload-queue", "0"], capture_output=True, text=True, timeout=240)  # overload: the queue-full test
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     batch = float(next(line for line in lines if line.startswith("nmt translate (one batch job)")).split()[5])
@@ -331,7 +331,6 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
         line = next(line for line in lines if line.startswith(f"nmt serve, {clients} client(s)"))
         fields = line.split()
         rate, ratio = float(fields[4]), float(fields[6].rstrip("x"))
-        assert ratio == pytest.approx(rate / batch, abs=0.006)
-        assert "12 answered   0 differing from batch   0 errors" in line
-    overload = next(line for line in lines if line.startswith("overload:"))
-    assert "0 other errors" in overload and "yes healthy after" in overload and "0 differing" in overload
+        # Both figures are printed to 0.1: the ratio is their quotient within that rounding.
+        assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
+        assert "12 answered   0 differing from batch   0 errors" in line, lines
