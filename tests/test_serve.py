@@ -37,6 +37,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def request(port: int, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None,
+            timeout: float = 60) -> tuple[int, dict, object]:
+    """(status, headers, JSON or text) of one request on a connection of its own."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        raw = response.read()
+        kind = response.getheader("Content-Type", "")
+        return response.status, dict(response.getheaders()), json.loads(raw) if "json" in kind else raw.decode()
+    finally:
+        connection.close()
+
+
 class Server:
     def __init__(self, run_dir: Path, *flags: str) -> None:
         self.port = free_port()
@@ -57,16 +72,7 @@ class Server:
 
     def request(self, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None,
                 timeout: float = 60) -> tuple[int, dict, object]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            data = json.dumps(body).encode() if isinstance(body, dict) else body
-            connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
-            response = connection.getresponse()
-            raw = response.read()
-            kind = response.getheader("Content-Type", "")
-            return response.status, dict(response.getheaders()), json.loads(raw) if "json" in kind else raw.decode()
-        finally:
-            connection.close()
+        return request(self.port, method, path, body, headers, timeout)
 
     def translate(self, texts: list[str], **options) -> tuple[int, dict, object]:
         return self.request("POST", "/v1/translate", {"text": texts, **options}, AUTH)
@@ -334,3 +340,43 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
         # Both figures are printed to 0.1: the ratio is their quotient within that rounding.
         assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
         assert "12 answered   0 differing from batch   0 errors" in line, lines
+
+
+def test_a_decoding_error_is_a_500_for_its_batch_and_the_server_goes_on(run_dir):
+    """In-process (to make decoding fail on purpose): uvicorn in a thread on a free port."""
+    import uvicorn
+
+    from nmt_cli.config import ServeConfig
+    from nmt_cli.decode.metrics import Metrics
+    from nmt_cli.decode.server import Service, build_app, load_models
+
+    cfg = ServeConfig(paths=(str(run_dir),), threads=1)
+    metrics = Metrics()
+    models = load_models(cfg, metrics)
+    served = models["en-de"]
+    translate = served.model.translate_encoded
+
+    def failing(texts, encoded, settings):
+        if "boom" in texts:
+            raise RuntimeError("the model broke")
+        return translate(texts, encoded, settings)
+
+    served.batcher._translate = failing  # the real translation, but for the poisoned batch
+    served.batcher.start()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(Service(cfg, models, metrics, None), served.batcher.stop),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status, _, body = request(port, "POST", "/v1/translate", {"text": ["the dog", "boom"]})
+        assert status == 500 and "the model broke" in body["error"]
+        status, _, body = request(port, "POST", "/v1/translate", {"text": ["the dog"]})
+        assert status == 200 and body["translations"] == served.model.translate(["the dog"])
+    finally:
+        server.should_exit = True
+        thread.join(30)
