@@ -324,11 +324,11 @@ def test_under_steady_load_batches_stay_whole():
 
 def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir, tmp_path):
     source = tmp_path / "test.en"
-    source.write_text("".join(s + "\n" for s in generated_sentences(12, seed=15)), encoding="utf-8")
+    source.write_text("".join(s + "\n" for s in generated_sentences(8, seed=15)), encoding="utf-8")
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "serve_load.py"), str(run_dir), "--input", str(source),
-         "--clients", "1,4", "--count", "12", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
+         "--clients", "1,4", "--count", "8", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
          "--overload-queue", "0"], capture_output=True, text=True, timeout=240)  # overload: the queue-full test
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -339,7 +339,7 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
         rate, ratio = float(fields[4]), float(fields[6].rstrip("x"))
         # Both figures are printed to 0.1: the ratio is their quotient within that rounding.
         assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
-        assert "12 answered   0 differing from batch   0 errors" in line, lines
+        assert "8 answered   0 differing from batch   0 errors" in line, lines
 
 
 def test_a_decoding_error_is_a_500_for_its_batch_and_the_server_goes_on(run_dir):
@@ -380,3 +380,21 @@ def test_a_decoding_error_is_a_500_for_its_batch_and_the_server_goes_on(run_dir)
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_several_models_are_picked_by_name_and_by_language_pair(run_dir, tmp_path):
+    server = Server(run_dir, "--path", f"copy={run_dir}", "--max-wait-ms", "0")
+    try:
+        texts = generated_sentences(4, seed=16)
+        expected = cli_lines(run_dir, texts)
+        for name in ("en-de", "copy"):
+            status, _, body = server.request("POST", "/v1/translate", {"text": texts, "model": name})
+            assert (status, body["model"], body["translations"]) == (200, name, expected)
+        status, _, body = server.request("POST", "/v1/translate", {"text": texts})
+        assert status == 422 and "several models are served" in body["error"]
+        status, _, body = server.request("POST", "/translate", {"q": texts[0], "source": "en", "target": "de"})
+        assert status == 400 and "several models translate en to de" in body["error"]
+        health = server.request("GET", "/health")[2]
+        assert [m["name"] for m in health["models"]] == ["en-de", "copy"]
+    finally:
+        server.stop()

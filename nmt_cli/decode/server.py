@@ -251,10 +251,13 @@ class Service:
             raise RequestError(400, "Invalid request: missing source or target parameter")
         auto = source == "auto"
         matches = [m for m in self.models.values() if m.pair[1] == target and (auto or m.pair[0] == source)]
-        if len(matches) != 1:
+        if not matches:
             pairs = ", ".join(f"{a}-{b}" for a, b in (m.pair for m in self.models.values()))
-            what = f"to {target} from several languages (give source)" if matches else f"{source} to {target}"
-            raise RequestError(400, f"no model translates {what}; served: {pairs}")
+            raise RequestError(400, f"no model translates {source} to {target}; served: {pairs}")
+        if len(matches) > 1:
+            names = ", ".join(f"{m.name} ({m.pair[0]}-{m.pair[1]})" for m in matches)
+            raise RequestError(400, f"several models translate {source} to {target}: {names}; give source, or "
+                                    "pick one by name with POST /v1/translate")
         return matches[0], auto
 
     async def libre_translate(self, body: Any) -> dict[str, Any]:
