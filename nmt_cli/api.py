@@ -82,6 +82,11 @@ def check_texts(texts: Any) -> list[str]:
             raise TypeError(f"texts item {number} is {type(text).__name__}, not str")
         if "\n" in text or "\r" in text:
             raise ValueError(f"texts item {number} has a line break; pass one sentence per item")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate ("\ud800"), which no tokenizer takes
+            raise ValueError(f"texts item {number} is not valid Unicode (character {error.start + 1} is a lone "
+                             "surrogate)") from None
     return list(texts)
 
 

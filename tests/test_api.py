@@ -73,6 +73,8 @@ def test_bad_input_is_a_clear_error(model, tmp_path):
         model.translate(["a", 3])
     with pytest.raises(ValueError, match="item 1 has a line break"):
         model.translate(["two\nlines"])
+    with pytest.raises(ValueError, match="item 1 is not valid Unicode"):
+        model.translate(["a \ud800"])
     with pytest.raises(TypeError, match="unknown decoding option"):
         model.translate(["a"], beam_size=2)
     with pytest.raises(NmtError, match="--nbest must be between 1 and --beam"):

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,10 @@ LANGUAGE_NAMES = {
     "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }
 RETRY_AFTER_SECONDS = 1
+_log = logging.getLogger("nmt_cli.serve")
+# Beyond these an output is as long as the model's positions allow anyway; larger values
+# only risk overflowing the length arithmetic.
+MAX_LEN_A_LIMIT, MAX_LEN_B_LIMIT = 100.0, 1_000_000
 
 
 class RequestError(Exception):
@@ -163,6 +168,8 @@ class Service:
                     kind = "an integer" if types == (int,) else "a number"
                     raise RequestError(422, f"{name} must be {kind} (got {json.dumps(value)[:50]})")
                 options[name] = value
+        if options.get("max_len_a", 0) > MAX_LEN_A_LIMIT or options.get("max_len_b", 0) > MAX_LEN_B_LIMIT:
+            raise RequestError(422, f"max_len_a may be at most {MAX_LEN_A_LIMIT:g} and max_len_b at most {MAX_LEN_B_LIMIT}")
         if options.get("beam", 1) > self.cfg.max_beam or options.get("nbest", 1) > self.cfg.max_beam:
             raise RequestError(422, f"beam and nbest may be at most {self.cfg.max_beam} on this server")
         if "nbest" in options and "beam" not in options:
@@ -360,6 +367,9 @@ def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
                 response = JSONResponse(await handle(request.headers, body))
             except RequestError as error:
                 response = error_response(error)
+            except Exception as error:  # a bug, not the client's fault: 500, logged, and the server goes on
+                _log.exception("error handling %s", request.url.path)
+                response = error_response(RequestError(500, f"internal error: {type(error).__name__}: {error}"))
             if model_metrics is not None:
                 model_metrics.request_done(name, response.status_code, time.monotonic() - started)
             else:
