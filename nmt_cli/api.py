@@ -172,6 +172,8 @@ def load(path: str | Path, *, device: str = "cpu", precision: str = "fp32", thre
     `decode_options` (beam=4, lenpen=0.6, ...) become the defaults of every call; `device`,
     `precision`, `threads`, `max_tokens`, `batch_size` and `data_bin` are those of
     `nmt translate`. Warnings (a truncated source) go to `warn`, by default the "nmt_cli" logger.
+    As `nmt translate` does, loading sets the process's torch threads (when `threads` is
+    given) and torch's seed.
     """
     unknown = sorted(set(decode_options) - set(DECODE_OPTIONS))
     if unknown:
