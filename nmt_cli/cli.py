@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
     "plot": ("plot", "Draw the learning curves of training runs (train_log.jsonl) as PNG, SVG or HTML."),
     "export": ("export", "Export a checkpoint to CTranslate2 or fairseq."),
+    "serve": ("serve", "Serve models over HTTP (nmt's JSON API and LibreTranslate's) with dynamic batching."),
 }
 
 # OS errors that report the state of the machine (disk full, read-only, no permission)

@@ -1354,3 +1354,82 @@ class PlotConfig:
             raise NmtError("nmt plot needs at least one RUN (a run directory or its train_log.jsonl)")
         if Path(self.output).suffix.lower() not in PLOT_FORMATS:
             raise NmtError(f"--output {self.output!r} must end in {', '.join(PLOT_FORMATS)} (the figure's format)")
+# --- serving (nmt serve) ----------------------------------------------------------------
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `nmt serve` loads, where it listens, how it batches and what a request may ask."""
+
+    paths: tuple[str, ...] = option(
+        "--path", required=True, multiple=True, metavar="[NAME=]CKPT_OR_RUN", to_value=tuple,
+        help="A checkpoint or run directory to serve (its checkpoint_best.pt); repeat for several models. "
+             "Requests pick one by NAME [default name: SRC-TGT, e.g. en-de].")
+    host: str = option("--host", default="127.0.0.1", show_default=True,
+                       help="Address to listen on; anything but loopback needs --api-key or --api-key-file.")
+    port: int = option("--port", default=8000, show_default=True, help="TCP port.")
+    api_key: str | None = option("--api-key", default=None,
+                                 help="Key every translation request must carry (Authorization: Bearer KEY, "
+                                      "X-API-Key, or LibreTranslate's api_key).")
+    api_key_file: str | None = option("--api-key-file", default=None, path="file",
+                                      help="A file whose first line is the key (keeps it out of the process list).")
+    decode: DecodeConfig = DecodeConfig()
+    max_batch_tokens: int = option("--max-batch-tokens", default=4096, show_default=True,
+                                   help="Source tokens translated together in one batch (requests are merged up to it).")
+    max_wait_ms: float = option("--max-wait-ms", default=50.0, show_default=True,
+                                help="How long the first request of a batch waits for others to join it.")
+    queue_size: int = option("--queue-size", default=1024, show_default=True,
+                             help="Sentences waiting per model; beyond it requests get 503 with Retry-After.")
+    max_beam: int = option("--max-beam", default=8, show_default=True, help="Largest beam (and n-best) a request may ask.")
+    max_sentences: int = option("--max-sentences", default=128, show_default=True,
+                                help="Sentences per request (more: 413).")
+    max_chars: int = option("--max-chars", default=2000, show_default=True,
+                            help="Characters per sentence (more: 413).")
+    max_total_chars: int = option("--max-total-chars", default=50000, show_default=True,
+                                  help="Characters per request (more: 413).")
+    device: str = option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+    precision: str = option("--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
+                            help="As for nmt translate: fp32, bf16, fp16 (cuda) or int8 (cpu).")
+    threads: int | None = option("--threads", default=None, type=int, help="CPU threads for the model [default: torch's].")
+
+    def __post_init__(self) -> None:
+        check_finite_numbers(self)
+        if not self.paths or any(not p for p in self.paths):
+            raise NmtError("--path needs a checkpoint or run directory")
+        if not 0 <= self.port <= 65535:
+            raise NmtError(f"--port must be between 0 and 65535 (got {self.port})")
+        for flag, value in (("--max-batch-tokens", self.max_batch_tokens), ("--queue-size", self.queue_size),
+                            ("--max-beam", self.max_beam), ("--max-sentences", self.max_sentences),
+                            ("--max-chars", self.max_chars), ("--max-total-chars", self.max_total_chars)):
+            if value < 1:
+                raise NmtError(f"{flag} must be >= 1 (got {value})")
+        if self.max_wait_ms < 0:
+            raise NmtError(f"--max-wait-ms must be >= 0 (got {self.max_wait_ms:g})")
+        if self.max_sentences > self.queue_size:
+            raise NmtError(f"--max-sentences {self.max_sentences} exceeds --queue-size {self.queue_size}: "
+                           "such a request could never be queued")
+        if self.decode.beam > self.max_beam:
+            raise NmtError(f"--beam {self.decode.beam} exceeds --max-beam {self.max_beam}")
+        if self.api_key is not None and self.api_key_file is not None:
+            raise NmtError("give --api-key or --api-key-file, not both")
+        if self.api_key == "":
+            raise NmtError("--api-key is empty")
+        if self.host not in LOOPBACK_HOSTS and self.api_key is None and self.api_key_file is None and not _is_loopback(self.host):
+            raise NmtError(f"--host {self.host} is not a loopback address: anyone who can reach it could use "
+                           "the server, so give --api-key or --api-key-file")
+        if self.threads is not None:
+            check_cpu_count("--threads", self.threads)
+        if self.precision not in TRANSLATE_PRECISIONS:
+            raise NmtError(f"--precision must be one of {', '.join(TRANSLATE_PRECISIONS)} (got {self.precision!r})")
+        check_device_string(self.device)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

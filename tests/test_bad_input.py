@@ -369,6 +369,15 @@ CASES = [
          "--decoder-embed-dim", "2"], ("--decoder-embed-dim 2 is too small for sinusoidal positions",)),
     Case("info", "model_config of a model too big for memory", lambda ws: ["info", "--path", huge_checkpoint(ws)],
          ("huge.pt", "parameters: its float32 weights alone need")),
+    # serve (each refused before it listens)
+    Case("serve", "a non-loopback host without a key", lambda ws: ["serve", "--path", ws.run, "--host", "0.0.0.0"],
+         ("--host 0.0.0.0 is not a loopback address", "--api-key")),
+    Case("serve", "truncated checkpoint", lambda ws: ["serve", "--path", truncate(ws.run_copy() / "checkpoint_best.pt", 3000)],
+         ("truncated or corrupt", "checkpoint_best.pt")),
+    Case("serve", "a directory without checkpoints", lambda ws: ["serve", "--path", ws.root],
+         ("without checkpoint_best.pt or checkpoint_last.pt",)),
+    Case("serve", "an empty key file", lambda ws: ["serve", "--path", ws.run, "--api-key-file", ws.file("key.txt", "\n")],
+         ("--api-key-file", "key.txt", "the first line is empty")),
 ]
 
 
@@ -403,7 +412,7 @@ def test_a_model_of_10_8_layers_is_refused_at_once(shared, tmp_path):
 
 def test_every_command_is_in_the_battery():
     assert {c.command for c in CASES} == {"preprocess", "binarize", "learn-bpe", "apply-bpe", "train", "translate",
-                                          "generate", "score", "average", "info", "plot", "export"}
+                                          "generate", "score", "average", "info", "plot", "export", "serve"}
 
 
 # --- documented repairs: odd but valid input -----------------------------------------------------

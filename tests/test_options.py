@@ -23,6 +23,7 @@ from nmt_cli.config import (
     PlotConfig,
     PreprocessConfig,
     ScoreConfig,
+    ServeConfig,
     TrainConfig,
     TranslateConfig,
 )
@@ -46,6 +47,7 @@ COMMANDS = {
     "plot": ((PlotConfig,), False, ["run", "-o", "curves.png"], set()),
     "info": ((InfoConfig,), True, [], set()),
     "export": ((ExportConfig,), False, ["run", "out", "--format", "fairseq"], set()),
+    "serve": ((ServeConfig,), False, ["--path", "run"], set()),
 }
 
 

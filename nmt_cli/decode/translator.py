@@ -7,6 +7,8 @@ maximum source positions is cut to fit, with a warning naming the line.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli.config import TranslateConfig
+from nmt_cli.config import DecodeConfig, TranslateConfig
 from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.constraints import ConstraintSet
 from nmt_cli.decode.fixed_search import FixedSearch
@@ -182,6 +184,14 @@ class Translator:
         """Translations of `lines`, in the same order (--score-reference: their references' scores)."""
         guided = [parse_line(line, self.cfg.guided, source_name) for line in lines]
         encoded = [self.source_ids(replace(line, text=g.source), source_name) for line, g in zip(lines, guided)]
+        return self.translate_ids(lines, encoded, source_name, guided)
+
+    def translate_ids(self, lines: list[InputLine], encoded: list[list[int] | None], source_name: str,
+                      guided: list | None = None) -> list[Translation]:
+        """Translations of `lines` already encoded by `source_ids` (None: nothing to translate);
+        `guided`: each line's parsed guidance, or None for lines of source text alone (the Python API's)."""
+        if guided is None:
+            guided = [parse_line(line, self.cfg.guided, source_name) for line in lines]
         results = [Translation(line.number, [], ids) for line, ids in zip(lines, encoded)]
         todo = [i for i, ids in enumerate(encoded) if ids is not None]
         targets = {i: self._guide_ids(guided[i], lines[i].number, source_name) for i in todo}
@@ -342,6 +352,21 @@ class Translator:
                 text += "\t" + format_alignment(self._alignment(pieces, positions, translation))
             lines.append(text)
         return "\n".join(lines + [""] * (self.cfg.decode.nbest - len(lines)))
+
+    def hypothesis_text(self, hyp: Hypothesis) -> str:
+        """A hypothesis as detokenized text on one line."""
+        return _one_line(self.text.target.decode(self.models.tgt_dict.decode(hyp.tokens)))
+
+    def with_decode(self, decode: DecodeConfig) -> Translator:
+        """This translator's loaded models and text pipelines searching with `decode` instead
+        (the Python API's and the server's per-call options); the original is unchanged."""
+        check_beam_fits(decode.beam, len(self.models.tgt_dict))
+        other = copy.copy(self)
+        other.cfg = dataclasses.replace(self.cfg, decode=decode)
+        other.generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        if self.fixed_search is not None:
+            other.fixed_search = FixedSearch(self.decoder, decode) if supports_fixed_search(decode) else None
+        return other
 
     def _json(self, translation: Translation) -> dict:
         entries = [self._json_hypothesis(h, translation) for h in translation.hypotheses]

@@ -1,0 +1,440 @@
+"""`nmt serve`: an HTTP translation server (Starlette on uvicorn, the `serve` extra).
+
+Endpoints: nmt's own `POST /v1/translate`, LibreTranslate's `POST /translate` and
+`GET /languages`, `GET /health` and `GET /metrics` (Prometheus text). Each model has
+its own queue and worker thread (`decode/batcher.py`); a handler validates the request,
+encodes its sentences off the event loop, queues them and awaits its future.
+
+Status codes: 400 malformed body (not UTF-8, not JSON), 401/403 missing or wrong key
+(403 on the LibreTranslate endpoint, as LibreTranslate answers), 404 unknown model or
+language pair, 413 over a size limit, 422 wrong types or values, 500 the batch's
+decoding failed, 503 (with Retry-After) the queue is full or the server is stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nmt_cli.api import Model, check_texts, load
+from nmt_cli.config import DecodeConfig, ServeConfig
+from nmt_cli.decode.batcher import Batcher, Done, QueueFull, Stopped
+from nmt_cli.decode.metrics import Metrics
+from nmt_cli.errors import NmtError
+
+# Per-request decoding options: name -> the JSON types accepted (bool is refused apart).
+REQUEST_OPTIONS: dict[str, tuple[type, ...]] = {
+    "beam": (int,), "nbest": (int,), "lenpen": (int, float), "max_len_a": (int, float), "max_len_b": (int,),
+}
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish", "fi": "Finnish",
+    "fr": "French", "it": "Italian", "ja": "Japanese", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese",
+    "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
+}
+RETRY_AFTER_SECONDS = 1
+_log = logging.getLogger("nmt_cli.serve")
+# Beyond these an output is as long as the model's positions allow anyway; larger values
+# only risk overflowing the length arithmetic.
+MAX_LEN_A_LIMIT, MAX_LEN_B_LIMIT = 100.0, 1_000_000
+
+
+class RequestError(Exception):
+    """A request the server refuses: its status and message."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+@dataclass
+class ServedModel:
+    name: str
+    model: Model
+    batcher: Batcher
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return self.model.source_lang, self.model.target_lang
+
+
+@dataclass(frozen=True)
+class Translated:
+    texts: list[str]
+    done: Done
+
+
+def require_starlette() -> None:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise NmtError("nmt serve needs Starlette and uvicorn: pip install 'nmt-cli[serve]'") from None
+
+
+def read_api_key(cfg: ServeConfig) -> str | None:
+    if cfg.api_key_file is None:
+        return cfg.api_key
+    try:
+        lines = Path(cfg.api_key_file).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise NmtError(f"cannot read --api-key-file {cfg.api_key_file}: {error}") from None
+    if not lines or not lines[0].strip():
+        raise NmtError(f"--api-key-file {cfg.api_key_file}: the first line is empty")
+    return lines[0].strip()
+
+
+def named_paths(paths: tuple[str, ...]) -> list[tuple[str | None, str]]:
+    """`NAME=PATH` or `PATH` -> (NAME or None, PATH)."""
+    out = []
+    for item in paths:
+        name, sep, path = item.partition("=")
+        out.append((name, path) if sep and name and "/" not in name else (None, item))
+    return out
+
+
+def load_models(cfg: ServeConfig, metrics: Metrics) -> dict[str, ServedModel]:
+    served: dict[str, ServedModel] = {}
+    for name, path in named_paths(cfg.paths):
+        model = load(path, device=cfg.device, precision=cfg.precision, threads=cfg.threads,
+                     max_tokens=cfg.max_batch_tokens, **vars_of(cfg.decode))
+        name = name or f"{model.source_lang}-{model.target_lang}"
+        if name in served:
+            raise NmtError(f"two models are named {name!r}: name them with --path NAME=PATH")
+        observer = metrics.for_model(name)
+        batcher = Batcher(model.translate_encoded, cfg.max_batch_tokens, cfg.max_wait_ms / 1000, cfg.queue_size,
+                          observer, name)
+        observer.queued = lambda b=batcher: b.queued_sentences
+        served[name] = ServedModel(name, model, batcher)
+    return served
+
+
+def vars_of(decode: DecodeConfig) -> dict[str, Any]:
+    return {name: getattr(decode, name) for name in decode.__dataclass_fields__}
+
+
+class Service:
+    """The request handling, apart from Starlette's routing."""
+
+    def __init__(self, cfg: ServeConfig, models: dict[str, ServedModel], metrics: Metrics, api_key: str | None) -> None:
+        self.cfg = cfg
+        self.models = models
+        self.metrics = metrics
+        self.api_key = api_key
+
+    # --- checks shared by the endpoints ----------------------------------------------
+
+    def authorized(self, headers: Any, body_key: Any = None) -> bool:
+        if self.api_key is None:
+            return True
+        given = headers.get("x-api-key")
+        auth = headers.get("authorization", "")
+        if given is None and auth.lower().startswith("bearer "):
+            given = auth[7:].strip()
+        if given is None and isinstance(body_key, str):
+            given = body_key
+        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.api_key.encode())
+
+    def body_limit(self) -> int:
+        # Every character may take 4 bytes of UTF-8 or 6 of a JSON escape, plus room for options.
+        return 6 * self.cfg.max_total_chars + 65536
+
+    def check_sizes(self, texts: list[str]) -> None:
+        cfg = self.cfg
+        if len(texts) > cfg.max_sentences:
+            raise RequestError(413, f"{len(texts)} sentences; a request may have at most {cfg.max_sentences}")
+        for number, text in enumerate(texts, 1):
+            if len(text) > cfg.max_chars:
+                raise RequestError(413, f"sentence {number} has {len(text)} characters; at most {cfg.max_chars}")
+        total = sum(len(t) for t in texts)
+        if total > cfg.max_total_chars:
+            raise RequestError(413, f"{total} characters in the request; at most {cfg.max_total_chars}")
+
+    def decode_settings(self, served: ServedModel, body: dict[str, Any]) -> DecodeConfig:
+        options = {}
+        for name, types in REQUEST_OPTIONS.items():
+            if name in body and body[name] is not None:
+                value = body[name]
+                if isinstance(value, bool) or not isinstance(value, types):
+                    kind = "an integer" if types == (int,) else "a number"
+                    raise RequestError(422, f"{name} must be {kind} (got {json.dumps(value)[:50]})")
+                options[name] = value
+        if options.get("max_len_a", 0) > MAX_LEN_A_LIMIT or options.get("max_len_b", 0) > MAX_LEN_B_LIMIT:
+            raise RequestError(422, f"max_len_a may be at most {MAX_LEN_A_LIMIT:g} and max_len_b at most {MAX_LEN_B_LIMIT}")
+        if options.get("beam", 1) > self.cfg.max_beam or options.get("nbest", 1) > self.cfg.max_beam:
+            raise RequestError(422, f"beam and nbest may be at most {self.cfg.max_beam} on this server")
+        if "nbest" in options and "beam" not in options:
+            options["beam"] = max(served.model.cfg.decode.beam, options["nbest"])
+        try:
+            return served.model.decode_config(**options)
+        except NmtError as error:
+            raise RequestError(422, str(error).replace("--", "").replace("-", "_")) from None
+
+    async def translate(self, served: ServedModel, texts: list[str], settings: DecodeConfig) -> Translated:
+        from starlette.concurrency import run_in_threadpool
+
+        encoded = await run_in_threadpool(served.model.encode, texts)
+        tokens = sum(len(ids) for ids in encoded if ids is not None)
+        try:
+            future = served.batcher.submit(texts, encoded, tokens, settings)
+        except QueueFull as error:
+            raise RequestError(503, f"{error}; retry later", {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        except Stopped as error:
+            raise RequestError(503, str(error), {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        try:
+            done = await asyncio.wrap_future(future)
+        except Exception as error:  # the batch's decoding failed: this request fails, the server goes on
+            raise RequestError(500, f"translation failed: {type(error).__name__}: {error}") from None
+        return Translated(texts, done)
+
+    # --- nmt's own API ---------------------------------------------------------------
+
+    async def v1_translate(self, headers: Any, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise RequestError(422, "the body must be a JSON object with \"text\": [sentences]")
+        served = self.pick_model(body.get("model"))
+        texts = body.get("text")
+        if not isinstance(texts, list):
+            raise RequestError(422, "\"text\" must be a list of strings")
+        try:
+            texts = check_texts(texts)
+        except (TypeError, ValueError) as error:
+            raise RequestError(422, str(error).replace("texts item", "text item")) from None
+        self.check_sizes(texts)
+        settings = self.decode_settings(served, body)
+        unknown = sorted(set(body) - {"text", "model", *REQUEST_OPTIONS})
+        if unknown:
+            raise RequestError(422, f"unknown field(s) {', '.join(unknown)}; known: text, model, "
+                                    f"{', '.join(REQUEST_OPTIONS)}")
+        started = time.monotonic()
+        out = await self.translate(served, texts, settings)
+        results = out.done.results
+        response: dict[str, Any] = {
+            "model": served.name,
+            "translations": [r.text for r in results],
+            "scores": [r.score for r in results],
+        }
+        if settings.nbest > 1:
+            response["nbest"] = [[{"text": h.text, "score": h.score} for h in r.hypotheses] for r in results]
+        response["timing"] = {
+            "queue_ms": round(out.done.queue_seconds * 1000, 3),
+            "decode_ms": round(out.done.decode_seconds * 1000, 3),
+            "total_ms": round((time.monotonic() - started) * 1000, 3),
+            "batch_sentences": out.done.batch_sentences,
+        }
+        return response
+
+    def route(self, body: Any, libre: bool) -> ServedModel:
+        """The model a request is for (RequestError if none is)."""
+        if not isinstance(body, dict):
+            raise RequestError(422, "the body must be a JSON object")
+        return self.pick_pair(body.get("source"), body.get("target"))[0] if libre else self.pick_model(body.get("model"))
+
+    def pick_model(self, name: Any) -> ServedModel:
+        if name is None:
+            if len(self.models) == 1:
+                return next(iter(self.models.values()))
+            raise RequestError(422, f"several models are served: give \"model\" (one of {', '.join(self.models)})")
+        if not isinstance(name, str):
+            raise RequestError(422, "\"model\" must be a string")
+        if name not in self.models:
+            raise RequestError(404, f"no model named {name!r} (served: {', '.join(self.models)})")
+        return self.models[name]
+
+    # --- LibreTranslate --------------------------------------------------------------
+
+    def pick_pair(self, source: Any, target: Any) -> tuple[ServedModel, bool]:
+        """The model for a language pair; and whether the source was "auto"."""
+        if not isinstance(source, str) or not isinstance(target, str) or not source or not target:
+            raise RequestError(400, "Invalid request: missing source or target parameter")
+        auto = source == "auto"
+        matches = [m for m in self.models.values() if m.pair[1] == target and (auto or m.pair[0] == source)]
+        if not matches:
+            pairs = ", ".join(f"{a}-{b}" for a, b in (m.pair for m in self.models.values()))
+            raise RequestError(400, f"no model translates {source} to {target}; served: {pairs}")
+        if len(matches) > 1:
+            names = ", ".join(f"{m.name} ({m.pair[0]}-{m.pair[1]})" for m in matches)
+            raise RequestError(400, f"several models translate {source} to {target}: {names}; give source, or "
+                                    "pick one by name with POST /v1/translate")
+        return matches[0], auto
+
+    async def libre_translate(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise RequestError(400, "Invalid request: the body must be an object")
+        q = body.get("q")
+        if q is None:
+            raise RequestError(400, "Invalid request: missing q parameter")
+        items = q if isinstance(q, list) else [q]
+        if not all(isinstance(item, str) for item in items):
+            raise RequestError(400, "Invalid request: q must be a string or a list of strings")
+        text_format = body.get("format", "text")
+        if text_format != "text":
+            raise RequestError(400, f"format {text_format!r} is not supported (only \"text\")")
+        served, auto = self.pick_pair(body.get("source"), body.get("target"))
+        alternatives = body.get("alternatives", 0)
+        if isinstance(alternatives, str) and alternatives.isdigit():
+            alternatives = int(alternatives)  # a form field
+        if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
+            raise RequestError(400, "Invalid request: alternatives must be a non-negative integer")
+        # LibreTranslate keeps a text's line breaks: each line is one sentence here.
+        lines = [item.replace("\r\n", "\n").replace("\r", "\n").split("\n") for item in items]
+        flat = [line for item in lines for line in item]
+        self.check_sizes(flat)
+        settings = self.decode_settings(served, {"nbest": alternatives + 1} if alternatives else {})
+        out = await self.translate(served, flat, settings)
+        results, at, texts, others = out.done.results, 0, [], []
+        for item in lines:
+            own = results[at : at + len(item)]
+            at += len(item)
+            texts.append("\n".join(r.text for r in own))
+            others.append(["\n".join(r.hypotheses[k].text if k < len(r.hypotheses) else r.text for r in own)
+                           for k in range(1, alternatives + 1)])
+        response: dict[str, Any] = {"translatedText": texts if isinstance(q, list) else texts[0]}
+        if alternatives:
+            response["alternatives"] = others if isinstance(q, list) else others[0]
+        if auto:
+            detected = {"confidence": 100.0, "language": served.pair[0]}
+            response["detectedLanguage"] = [detected] * len(items) if isinstance(q, list) else detected
+        return response
+
+    def languages(self) -> list[dict[str, Any]]:
+        targets: dict[str, list[str]] = {}
+        for source, target in (m.pair for m in self.models.values()):
+            targets.setdefault(source, [])
+            targets.setdefault(target, [])
+            if target not in targets[source]:
+                targets[source].append(target)
+        return [{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(ts)}
+                for code, ts in sorted(targets.items())]
+
+
+async def read_body(request: Any, limit: int) -> bytes:
+    size, chunks = 0, []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, f"the request body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_body(raw: bytes, form: bool) -> Any:
+    """JSON, or with `form` (LibreTranslate's clients send both) a URL-encoded form."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(400, f"the request body is not valid UTF-8 (byte {error.start})") from None
+    if form:
+        form = urllib.parse.parse_qs(text, keep_blank_values=True)
+        return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in form.items()}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RequestError(400, f"malformed JSON: {error}") from None
+
+
+def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    def error_response(error: RequestError) -> JSONResponse:
+        return JSONResponse({"error": str(error)}, status_code=error.status, headers=error.headers)
+
+    def endpoint(name: str, libre: bool, handle: Callable[[Any, Any], Awaitable[Any]]):
+        async def run(request):
+            started = time.monotonic()
+            model_metrics = None
+            try:
+                if not libre and not service.authorized(request.headers):  # before reading the body
+                    raise RequestError(401, "a valid API key is needed (Authorization: Bearer KEY or X-API-Key)")
+                is_form = libre and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
+                body = parse_body(await read_body(request, service.body_limit()), is_form)
+                key = body.get("api_key") if isinstance(body, dict) else None
+                if libre and not service.authorized(request.headers, key):
+                    raise RequestError(403, "Invalid API key")
+                with contextlib.suppress(RequestError):
+                    model_metrics = service.metrics.models.get(service.route(body, libre).name)
+                response = JSONResponse(await handle(request.headers, body))
+            except RequestError as error:
+                response = error_response(error)
+            except Exception as error:  # a bug, not the client's fault: 500, logged, and the server goes on
+                _log.exception("error handling %s", request.url.path)
+                response = error_response(RequestError(500, f"internal error: {type(error).__name__}: {error}"))
+            if model_metrics is not None:
+                model_metrics.request_done(name, response.status_code, time.monotonic() - started)
+            else:
+                service.metrics.refused(name, response.status_code)
+            return response
+        return run
+
+    async def v1(headers, body):
+        return await service.v1_translate(headers, body)
+
+    async def libre(headers, body):
+        return await service.libre_translate(body)
+
+    async def languages(request):
+        return JSONResponse(service.languages())
+
+    async def health(request):
+        return JSONResponse({"status": "ok", "models": [
+            {"name": m.name, "source": m.pair[0], "target": m.pair[1], "queued_sentences": m.batcher.queued_sentences}
+            for m in service.models.values()]})
+
+    async def metrics(request):
+        if not service.authorized(request.headers):
+            return JSONResponse({"error": "a valid API key is needed"}, status_code=401)
+        return PlainTextResponse(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        # uvicorn has stopped accepting and answered every open request; finish what is queued.
+        await asyncio.get_running_loop().run_in_executor(None, on_shutdown)
+
+    return Starlette(routes=[
+        Route("/v1/translate", endpoint("v1", False, v1), methods=["POST"]),
+        Route("/translate", endpoint("libre", True, libre), methods=["POST"]),
+        Route("/languages", languages, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ], lifespan=lifespan)
+
+
+def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
+    """Load the models, listen, and serve until SIGTERM/SIGINT; then drain the queues."""
+    require_starlette()
+    import uvicorn
+
+    api_key = read_api_key(cfg)
+    metrics = Metrics()
+    models = load_models(cfg, metrics)
+    for served in models.values():
+        served.batcher.start()
+
+    def stop_batchers() -> None:
+        for served in models.values():
+            served.batcher.stop()
+
+    app = build_app(Service(cfg, models, metrics, api_key), stop_batchers)
+    names = ", ".join(f"{m.name} ({m.pair[0]}->{m.pair[1]})" for m in models.values())
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    announce(f"serving {names} on http://{host}:{cfg.port}")
+    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=None))
+    try:
+        server.run()
+    finally:
+        stop_batchers()
+    if not server.started:
+        raise NmtError(f"could not listen on {host}:{cfg.port} (in use, or not an address of this machine)")

@@ -1,0 +1,90 @@
+"""The Python API (`nmt_cli.load`): the same translations as `nmt translate`, one per input, in order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import nmt_cli
+from nmt_cli.errors import NmtError
+from test_translate import FAST, generated_sentences, nmt, one_thread, run_dir  # noqa: F401 (fixtures)
+
+OPTIONS = {"beam": 3, "lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 5}
+FLAGS = ["--beam", "3", "--lenpen", "0.6", *FAST]
+
+
+@pytest.fixture(scope="module")
+def model(run_dir):
+    return nmt_cli.load(run_dir, threads=1)  # a run directory: its checkpoint_best.pt
+
+
+def cli_lines(run_dir, texts: list[str], *flags: str) -> list[str]:
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *flags, input="".join(t + "\n" for t in texts))
+    assert result.exit_code == 0, result.output
+    return result.stdout.split("\n")[:-1]
+
+
+def test_api_equals_the_cli_on_the_same_input_and_options(model, run_dir):
+    texts = generated_sentences(30, seed=7) + ["", "   "]
+    expected = cli_lines(run_dir, texts, *FLAGS)
+    assert len(expected) == len(texts)
+    assert model.translate(texts, **OPTIONS) == expected
+    # The options are per call: the default settings (beam 5) give the CLI's default output.
+    assert model.translate(texts, max_len_a=1.0, max_len_b=5) == cli_lines(run_dir, texts, *FAST)
+    assert expected[-2:] == ["", ""] and any(expected[:-2])
+
+
+def test_nbest_and_scores_equal_the_cli_jsonl(model, run_dir):
+    texts = generated_sentences(6, seed=8)
+    records = [json.loads(line) for line in cli_lines(run_dir, texts, *FLAGS, "--nbest", "3", "--output-format", "jsonl")]
+    results = model.translate_scored(texts, nbest=3, **OPTIONS)
+    for record, result in zip(records, results, strict=True):
+        assert [h.text for h in result.hypotheses] == [h["hyp"] for h in record["nbest"]]
+        assert [h.score for h in result.hypotheses] == pytest.approx([h["score"] for h in record["nbest"]], abs=1e-6)
+        assert result.text == record["hyp"] and result.score == pytest.approx(record["score"], abs=1e-6)
+    assert model.translate_scored([""])[0].hypotheses == () and model.translate_scored([""])[0].text == ""
+
+
+def test_threads_sharing_a_model_each_get_their_own_translations(model):
+    texts = generated_sentences(24, seed=9)
+    alone = [model.translate([t], **OPTIONS)[0] for t in texts]
+    got: dict[int, list[str]] = {}
+
+    def client(k: int) -> None:
+        got[k] = model.translate(texts[k::4], **OPTIONS)
+
+    workers = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for k in range(4):
+        assert got[k] == alone[k::4]
+
+
+def test_bad_input_is_a_clear_error(model, tmp_path):
+    with pytest.raises(TypeError, match="not a single string"):
+        model.translate("a sentence")
+    with pytest.raises(TypeError, match="item 2 is int"):
+        model.translate(["a", 3])
+    with pytest.raises(ValueError, match="item 1 has a line break"):
+        model.translate(["two\nlines"])
+    with pytest.raises(ValueError, match="item 1 is not valid Unicode"):
+        model.translate(["a \ud800"])
+    with pytest.raises(TypeError, match="unknown decoding option"):
+        model.translate(["a"], beam_size=2)
+    with pytest.raises(NmtError, match="--nbest must be between 1 and --beam"):
+        model.translate(["a"], beam=2, nbest=3)
+    with pytest.raises(NmtError, match="without checkpoint_best.pt or checkpoint_last.pt"):
+        nmt_cli.load(tmp_path)
+    with pytest.raises(NmtError, match="not found"):
+        nmt_cli.load(tmp_path / "missing.pt")
+
+
+def test_import_nmt_cli_does_not_import_torch():
+    code = "import sys, nmt_cli; assert callable(nmt_cli.Model) and 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,403 @@
+"""`nmt serve`: a real server in a subprocess on a free loopback port, called over HTTP.
+
+Its translations must be those of `nmt translate` on the same lines and options; every
+refused request gets its documented status code and the server answers the next one;
+SIGTERM answers every queued request before the server exits.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from nmt_cli.decode.batcher import Batcher, QueueFull  # noqa: E402
+from test_translate import FAST, generated_sentences, nmt, one_thread, run_dir  # noqa: E402,F401 (fixtures)
+
+KEY = "s3cret"
+DECODE = ["--max-len-a", "1", "--max-len-b", "5", "--threads", "1"]
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request(port: int, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None,
+            timeout: float = 60) -> tuple[int, dict, object]:
+    """(status, headers, JSON or text) of one request on a connection of its own."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        raw = response.read()
+        kind = response.getheader("Content-Type", "")
+        return response.status, dict(response.getheaders()), json.loads(raw) if "json" in kind else raw.decode()
+    finally:
+        connection.close()
+
+
+class Server:
+    def __init__(self, run_dir: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "nmt_cli", "serve", "--path", str(run_dir), "--port", str(self.port), *DECODE, *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the server did not start: {self.process.stderr.read().decode()}")
+            time.sleep(0.2)
+
+    def request(self, method: str, path: str, body: bytes | dict | None = None, headers: dict | None = None,
+                timeout: float = 60) -> tuple[int, dict, object]:
+        return request(self.port, method, path, body, headers, timeout)
+
+    def translate(self, texts: list[str], **options) -> tuple[int, dict, object]:
+        return self.request("POST", "/v1/translate", {"text": texts, **options}, AUTH)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def server(run_dir):
+    server = Server(run_dir, "--api-key", KEY, "--max-sentences", "40", "--max-chars", "120",
+                    "--max-total-chars", "1500", "--max-beam", "5", "--max-wait-ms", "20")
+    yield server
+    server.stop()
+
+
+def cli_lines(run_dir: Path, texts: list[str], *flags: str) -> list[str]:
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, *flags, input="".join(t + "\n" for t in texts))
+    assert result.exit_code == 0, result.output
+    return result.stdout.split("\n")[:-1]
+
+
+def test_translations_equal_nmt_translate_on_the_same_input_and_options(server, run_dir):
+    texts = generated_sentences(25, seed=11) + ["", "  "]
+    for options, flags in (({}, ()), ({"beam": 3, "lenpen": 0.6}, ("--beam", "3", "--lenpen", "0.6"))):
+        status, _, body = server.translate(texts, **options)
+        assert status == 200, body
+        assert body["translations"] == cli_lines(run_dir, texts, *flags)
+        assert len(body["scores"]) == len(texts) and body["scores"][-1] is None
+        assert body["timing"]["batch_sentences"] >= len(texts)
+    status, _, body = server.translate(texts[:4], beam=3, nbest=3)
+    jsonl = [json.loads(line) for line in cli_lines(run_dir, texts[:4], "--beam", "3", "--nbest", "3", "--output-format", "jsonl")]
+    assert [[h["text"] for h in n] for n in body["nbest"]] == [[h["hyp"] for h in r["nbest"]] for r in jsonl]
+
+
+def test_concurrent_clients_each_get_their_own_translations_in_order(server, run_dir):
+    texts = generated_sentences(48, seed=12)
+    expected = dict(zip(texts, cli_lines(run_dir, texts)))
+    answers: dict[int, list[list[str]]] = {k: [] for k in range(12)}
+    failures: list[object] = []
+
+    def client(k: int) -> None:
+        mine = texts[k * 4 : k * 4 + 4]
+        for rotation in range(3):  # each client's requests, one after another, in different orders
+            request = mine[rotation:] + mine[:rotation]
+            status, _, body = server.translate(request)
+            if status != 200:
+                failures.append(body)
+                return
+            answers[k].append((request, body["translations"]))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    for k in range(12):
+        assert len(answers[k]) == 3
+        for request, translations in answers[k]:
+            assert translations == [expected[t] for t in request]
+    metrics = server.request("GET", "/metrics", headers=AUTH)[2]
+    batches = [line for line in metrics.splitlines() if line.startswith("nmt_batch_sentences_count")]
+    requests = [line for line in metrics.splitlines() if line.startswith('nmt_requests_total{model="en-de",endpoint="v1",status="200"}')]
+    assert int(requests[0].split()[-1]) >= 36 and int(batches[0].split()[-1]) < int(requests[0].split()[-1]), metrics
+
+
+@pytest.mark.parametrize("path, body, headers, status, message", [
+    ("/v1/translate", {"text": ["a"]}, {}, 401, "API key"),
+    ("/v1/translate", {"text": ["a"]}, {"X-API-Key": "wrong"}, 401, "API key"),
+    ("/v1/translate", b'{"text": ["a"', AUTH, 400, "malformed JSON"),
+    ("/v1/translate", b'{"text": ["\xff\xfe"]}', AUTH, 400, "not valid UTF-8"),
+    ("/v1/translate", {"text": "a"}, AUTH, 422, "list of strings"),
+    ("/v1/translate", {"text": ["a", 3]}, AUTH, 422, "item 2 is int"),
+    ("/v1/translate", {"text": ["a"], "beam": "4"}, AUTH, 422, "beam must be an integer"),
+    ("/v1/translate", {"text": ["a"], "beam": 6}, AUTH, 422, "at most 5"),
+    ("/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, AUTH, 422, "nbest must be between 1 and beam"),
+    ("/v1/translate", {"text": ["a"], "model": "fr-en"}, AUTH, 404, "no model named"),
+    ("/v1/translate", b'{"text": ["a \\ud800"]}', AUTH, 422, "lone surrogate"),
+    ("/v1/translate", {"text": ["a"], "max_len_a": 1e308}, AUTH, 422, "max_len_a may be at most"),
+    ("/v1/translate", {"text": ["a"], "lenpen": float("nan")}, AUTH, 422, "finite"),
+    ("/v1/translate", {"text": ["a"], "colour": 1}, AUTH, 422, "unknown field"),
+    ("/v1/translate", {"text": ["a"] * 41}, AUTH, 413, "at most 40"),
+    ("/v1/translate", {"text": ["a" * 121]}, AUTH, 413, "121 characters"),
+    ("/v1/translate", {"text": ["a" * 100] * 16}, AUTH, 413, "1600 characters in the request"),
+    ("/translate", {"q": "a", "source": "en", "target": "de", "api_key": "wrong"}, {}, 403, "Invalid API key"),
+    ("/translate", {"q": "a", "source": "en", "target": "fr", "api_key": KEY}, {}, 400, "no model translates en to fr"),
+    ("/translate", {"source": "en", "target": "de", "api_key": KEY}, {}, 400, "missing q"),
+    ("/translate", {"q": "<b>a</b>", "source": "en", "target": "de", "format": "html", "api_key": KEY}, {}, 400, "html"),
+])
+def test_refused_requests_get_their_status_and_the_server_answers_the_next(server, path, body, headers, status, message):
+    got, _, answer = server.request("POST", path, body, headers)
+    assert (got, message in answer["error"]) == (status, True), answer
+    assert server.translate(["the dog runs"])[0] == 200
+
+
+def test_the_libretranslate_endpoint_has_its_request_and_response_shapes(server, run_dir):
+    texts = generated_sentences(3, seed=13)
+    expected = cli_lines(run_dir, texts)
+    status, _, body = server.request("POST", "/translate", {"q": texts[0], "source": "en", "target": "de", "api_key": KEY})
+    assert (status, body) == (200, {"translatedText": expected[0]})
+    status, _, body = server.request("POST", "/translate", {"q": texts, "source": "auto", "target": "de",
+                                                            "format": "text", "api_key": KEY})
+    assert status == 200 and body["translatedText"] == expected
+    assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 3
+    # A form-encoded request (as LibreTranslate also takes), with a text of two lines.
+    form = f"q={texts[0]}%0A{texts[1]}&source=en&target=de&api_key={KEY}&alternatives=2".encode()
+    status, _, body = server.request("POST", "/translate", form, {"Content-Type": "application/x-www-form-urlencoded"})
+    assert status == 200 and body["translatedText"] == f"{expected[0]}\n{expected[1]}"
+    assert isinstance(body["alternatives"], list) and len(body["alternatives"]) == 2
+    status, _, languages = server.request("GET", "/languages")
+    assert status == 200 and {"code": "en", "name": "English", "targets": ["de"]} in languages
+    assert all(set(entry) == {"code", "name", "targets"} for entry in languages)
+
+
+def test_metrics_are_prometheus_text(server):
+    status, headers, text = server.request("GET", "/metrics", headers=AUTH)
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    for name in ("nmt_requests_total", "nmt_sentences_total", "nmt_queue_sentences", "nmt_batch_sentences_bucket",
+                 "nmt_request_latency_seconds_bucket", "nmt_request_latency_seconds_count"):
+        assert any(line.startswith(name + "{") for line in text.splitlines()), name
+    for line in text.splitlines():  # every sample line: name{labels} number
+        if not line.startswith("#"):
+            float(line.rsplit(" ", 1)[1])
+
+
+def test_a_full_queue_answers_503_then_sigterm_answers_every_queued_request(run_dir):
+    server = Server(run_dir, "--queue-size", "6", "--max-sentences", "3", "--max-wait-ms", "1000")
+    try:
+        texts = generated_sentences(30, seed=14)
+        expected = dict(zip(texts, cli_lines(run_dir, texts)))
+        results: list[tuple[int, dict, object, list[str]]] = []
+
+        def client(k: int) -> None:
+            request = texts[k * 3 : k * 3 + 3]
+            status, headers, body = server.translate(request)
+            results.append((status, headers, body, request))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        full = [r for r in results if r[0] == 503]
+        assert full and all(r[1].get("retry-after") == "1" and "queue is full" in r[2]["error"] for r in full)
+        for status, _, body, request in results:
+            assert status in (200, 503)
+            if status == 200:
+                assert body["translations"] == [expected[t] for t in request]
+        assert server.translate(texts[:3])[0] == 200  # and it serves the next request
+
+        # Two requests wait in the queue (--max-wait-ms, from the first one's arrival once the
+        # server has been idle that long) when SIGTERM arrives: both are answered.
+        time.sleep(1.2)
+        queued: list[Future] = []
+        for k in range(2):
+            future: Future = Future()
+            request = texts[k * 3 : k * 3 + 3]
+            threading.Thread(target=lambda f=future, r=request: f.set_result((server.translate(r), r))).start()
+            queued.append(future)
+        deadline = time.monotonic() + 10
+        while server.request("GET", "/health")[2]["models"][0]["queued_sentences"] < 6:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        server.process.send_signal(signal.SIGTERM)
+        for future in queued:
+            (status, _, body), request = future.result(timeout=60)
+            assert status == 200 and body["translations"] == [expected[t] for t in request]
+        assert server.process.wait(30) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+        with pytest.raises(OSError):
+            server.translate(texts[:1])
+    finally:
+        server.stop()
+
+
+def test_non_loopback_needs_a_key_and_a_missing_extra_is_one_line(run_dir, monkeypatch):
+    from click.testing import CliRunner
+
+    from nmt_cli.cli import main
+    from nmt_cli.decode import server as server_module
+
+    result = CliRunner().invoke(main, ["serve", "--path", str(run_dir), "--host", "0.0.0.0"])
+    assert result.exit_code == 1 and "is not a loopback address" in result.output and "--api-key" in result.output
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    result = CliRunner().invoke(main, ["serve", "--path", str(run_dir)])
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: nmt serve needs Starlette and uvicorn: pip install 'nmt-cli[serve]'"
+    assert server_module.named_paths(("en-de=runs/a", "runs/b=c")) == [("en-de", "runs/a"), (None, "runs/b=c")]
+
+
+# --- the batcher alone ------------------------------------------------------------------
+
+
+def test_a_failing_batch_fails_only_its_requests_and_batches_keep_settings_apart():
+    calls: list[tuple[list[str], str]] = []
+    release = threading.Event()
+
+    def translate(texts, encoded, settings):
+        release.wait(10)
+        calls.append((list(texts), settings))
+        if "boom" in texts:
+            raise RuntimeError("decoding failed")
+        return [t.upper() for t in texts]
+
+    batcher = Batcher(translate, max_batch_tokens=5, max_wait_s=0.5, capacity=10)
+    batcher.start()
+    futures = [batcher.submit(["a", "b"], [None, None], 2, "beam4"),
+               batcher.submit(["boom"], [None], 1, "beam1"),
+               batcher.submit(["c"], [None], 1, "beam4"),
+               batcher.submit(["d", "e", "f"], [None] * 3, 3, "beam4"),  # over the 5-token budget with the others
+               batcher.submit(["g"], [None], 1, "beam1")]
+    with pytest.raises(QueueFull):
+        batcher.submit(list("uvwxyz"), [None] * 6, 6, "beam4")  # 8 queued (5 once a batch is taken) + 6 > 10
+    release.set()
+    assert futures[0].result(10).results == ["A", "B"] and futures[2].result(10).results == ["C"]
+    assert futures[3].result(10).results == ["D", "E", "F"]
+    for failed in (futures[1], futures[4]):  # the same batch (same settings)
+        with pytest.raises(RuntimeError, match="decoding failed"):
+            failed.result(10)
+    assert sorted(calls) == sorted([(["a", "b", "c"], "beam4"), (["boom", "g"], "beam1"), (["d", "e", "f"], "beam4")])
+    assert batcher.submit(["h"], [None], 1, "beam4").result(10).results == ["H"]  # the worker goes on
+    batcher.stop()
+
+
+def test_under_steady_load_batches_stay_whole():
+    sizes: list[int] = []
+
+    def translate(texts, encoded, settings):
+        sizes.append(len(texts))
+        time.sleep(0.02)
+        return list(texts)
+
+    batcher = Batcher(translate, max_batch_tokens=4096, max_wait_s=0.3, capacity=100)
+    batcher.start()
+
+    def client(k: int) -> None:  # a closed loop: the next request once the last is answered
+        for i in range(8):
+            assert batcher.submit([f"{k}.{i}"], [None], 1, "beam4").result(10).results == [f"{k}.{i}"]
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.stop()
+    # 64 sentences from 8 clients: whole batches of 8 (the first wait gathers them all, and each
+    # batch waits for the clients it answered), never a batch split in two halves that alternate.
+    assert sum(sizes) == 64 and len(sizes) <= 10, sizes
+
+
+def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir, tmp_path):
+    source = tmp_path / "test.en"
+    source.write_text("".join(s + "\n" for s in generated_sentences(8, seed=15)), encoding="utf-8")
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "serve_load.py"), str(run_dir), "--input", str(source),
+         "--clients", "1,4", "--count", "8", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
+         "--overload-queue", "0"], capture_output=True, text=True, timeout=240)  # overload: the queue-full test
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    batch = float(next(line for line in lines if line.startswith("nmt translate (one batch job)")).split()[5])
+    for clients in (1, 4):
+        line = next(line for line in lines if line.startswith(f"nmt serve, {clients} client(s)"))
+        fields = line.split()
+        rate, ratio = float(fields[4]), float(fields[6].rstrip("x"))
+        # Both figures are printed to 0.1: the ratio is their quotient within that rounding.
+        assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
+        assert "8 answered   0 differing from batch   0 errors" in line, lines
+
+
+def test_a_decoding_error_is_a_500_for_its_batch_and_the_server_goes_on(run_dir):
+    """In-process (to make decoding fail on purpose): uvicorn in a thread on a free port."""
+    import uvicorn
+
+    from nmt_cli.config import ServeConfig
+    from nmt_cli.decode.metrics import Metrics
+    from nmt_cli.decode.server import Service, build_app, load_models
+
+    cfg = ServeConfig(paths=(str(run_dir),), threads=1)
+    metrics = Metrics()
+    models = load_models(cfg, metrics)
+    served = models["en-de"]
+    translate = served.model.translate_encoded
+
+    def failing(texts, encoded, settings):
+        if "boom" in texts:
+            raise RuntimeError("the model broke")
+        return translate(texts, encoded, settings)
+
+    served.batcher._translate = failing  # the real translation, but for the poisoned batch
+    served.batcher.start()
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(Service(cfg, models, metrics, None), served.batcher.stop),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        status, _, body = request(port, "POST", "/v1/translate", {"text": ["the dog", "boom"]})
+        assert status == 500 and "the model broke" in body["error"]
+        status, _, body = request(port, "POST", "/v1/translate", {"text": ["the dog"]})
+        assert status == 200 and body["translations"] == served.model.translate(["the dog"])
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_several_models_are_picked_by_name_and_by_language_pair(run_dir, tmp_path):
+    server = Server(run_dir, "--path", f"copy={run_dir}", "--max-wait-ms", "0")
+    try:
+        texts = generated_sentences(4, seed=16)
+        expected = cli_lines(run_dir, texts)
+        for name in ("en-de", "copy"):
+            status, _, body = server.request("POST", "/v1/translate", {"text": texts, "model": name})
+            assert (status, body["model"], body["translations"]) == (200, name, expected)
+        status, _, body = server.request("POST", "/v1/translate", {"text": texts})
+        assert status == 422 and "several models are served" in body["error"]
+        status, _, body = server.request("POST", "/translate", {"q": texts[0], "source": "en", "target": "de"})
+        assert status == 400 and "several models translate en to de" in body["error"]
+        health = server.request("GET", "/health")[2]
+        assert [m["name"] for m in health["models"]] == ["en-de", "copy"]
+    finally:
+        server.stop()
