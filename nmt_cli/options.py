@@ -134,12 +134,27 @@ def _click_type(flag: Flag, field: dataclasses.Field, overrides: bool) -> Any:
     if flag.choices is not None:
         return click.Choice(list(flag.choices() if callable(flag.choices) else flag.choices))
     if flag.path is not None:
-        return click.Path(file_okay=flag.path != "dir", dir_okay=flag.path != "file")
+        return _path_type()(file_okay=flag.path != "dir", dir_okay=flag.path != "file")
     if flag.type is not None:
         return flag.type
     if overrides and type(field.default) in (int, float):  # the default click sees is None
         return type(field.default)
     return None
+
+
+@functools.cache
+def _path_type() -> type:
+    """click.Path, refusing a NUL byte in one usage line (click's own check lets os.stat
+    raise ValueError on it, a traceback)."""
+    import click
+
+    class Path(click.Path):
+        def convert(self, value, param, ctx):
+            if isinstance(value, str) and "\x00" in value:
+                self.fail(f"{value!r} holds a NUL byte, which no path can", param, ctx)
+            return super().convert(value, param, ctx)
+
+    return Path
 
 
 def config_from_params(config_class: type, params: dict[str, Any], **resolved: Any) -> Any:

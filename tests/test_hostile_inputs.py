@@ -247,6 +247,8 @@ def base_arguments(command: str, shared: dict[str, Path], tmp: Path) -> list:
                     "--output", tmp / "avg.pt"],
         "import-fairseq": ["import-fairseq", tmp / "missing.pt", "--dict-dir", tmp, "--out", tmp / "imported"],
         "plot": ["plot", shared["save"], "-o", tmp / "c.png"],
+        "export": ["export", shared["checkpoint"], tmp / "exported", "--format", "fairseq"],
+        "serve": ["serve", "--path", tmp / "missing.pt"],  # refused before it listens: the test must end
     }[command]
 
 

@@ -151,3 +151,9 @@ def test_every_command_is_checked_here() -> None:
     from nmt_cli.cli import COMMANDS as ALL_COMMANDS
 
     assert set(ALL_COMMANDS) == set(COMMANDS)
+
+
+def test_a_path_holding_a_nul_byte_is_one_usage_error() -> None:
+    result = CliRunner().invoke(main, ["translate", "--path", "a.pt", "--prefix-file", "a\x00b"])
+    assert result.exit_code == 2 and "holds a NUL byte" in result.output and result.exception is not None
+    assert not isinstance(result.exception, ValueError)
