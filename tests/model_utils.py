@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -54,3 +57,15 @@ def eos_prone(model: torch.nn.Module, alpha: float = 2.5) -> torch.nn.Module:
         norm.bias.copy_(bias)
         decoder.output_projection.weight[EOS] += alpha * bias / bias.dot(bias)
     return model
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """torch on `count` threads for a while: tiny models gain nothing from more (several only
+    contend on a shared CPU), and runs stay bit-reproducible."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

@@ -26,6 +26,7 @@ from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
+from model_utils import torch_threads
 from tests.test_translate import generated_sentences, train_copy_task
 
 ct2_installed = pytest.mark.skipif(
@@ -71,10 +72,8 @@ def make_run(root: Path, steps: int, seed: int = 0, **overrides) -> Path:
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models train and translate fastest on one thread (several only contend on a shared CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="module")

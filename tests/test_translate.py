@@ -30,6 +30,7 @@ from nmt_cli.models.fast import packed
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
+from model_utils import torch_threads
 
 WORDS = ["the", "dog", "runs", "a", "red", "ball", "over", "green", "grass", "Straße", "schön",
          "привет", "мир", "世界", "日本語", "καλημέρα"]
@@ -111,10 +112,8 @@ FAST = ("--max-len-a", "1", "--max-len-b", "5", "--device", "cpu", "--threads", 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run fastest on one thread (several only contend on a shared CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
 
 
 # --- batching ---------------------------------------------------------------------------
