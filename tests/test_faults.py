@@ -9,6 +9,7 @@ finishes with exactly the result of an uninterrupted run.
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import random
@@ -109,35 +110,54 @@ def test_train_killed_at_many_random_moments_ends_like_an_uninterrupted_run(tmp_
     args = [*TINY, "--dropout", "0.1", "--max-update", "36", "--save-interval-updates", "1",
             "--validate-interval-updates", "3", "--keep-interval-updates", "3", "--keep-last-epochs", "2",
             "--log-interval", "2"]
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    straight = tmp_path / "straight"
     full = server.run(["train", data_bin, "--save-dir", straight, *args], tmp_path / "straight.log")
     assert full.status == 0, (tmp_path / "straight.log").read_text()[-3000:]
     # Re-running a finished run only starts up and stops: that is the start-up time.
     startup = server.run(["train", data_bin, "--save-dir", straight, *args], tmp_path / "again.log").seconds
     work = max(full.seconds - startup, 0.5)
 
+    # The delays come from timings, which a busy machine makes wrong: the span shrinks when a
+    # kill lets several updates through, and a run that finishes with too few kill points is
+    # checked, then followed by another run from scratch, until there are enough in all.
     rng = random.Random(20240611)
-    kills, attempt = [], 0
     span = 2 * work / KILLS  # of training time per kill: one update on average, if the timings hold
-    while len(kills) < KILLS:
-        attempt += 1
-        log = tmp_path / f"attempt{attempt}.log"
-        delay = rng.uniform(0.5 * startup, startup + span)
+    kills: list[dict] = []
+    for round_ in range(1, 5):
+        killed = tmp_path / f"killed{round_}"
+        round_kills, span = kill_until_finished(server, data_bin, killed, args, KILLS - len(kills),
+                                                rng, startup, span, tmp_path)
+        check_finished_like(killed, straight, round_kills)
+        kills += round_kills
+        if len(kills) >= KILLS:
+            break
+    assert len(kills) >= 20, f"only {len(kills)} kill points in {round_} runs"
+
+
+def kill_until_finished(server, data_bin, killed, args, wanted, rng, startup, span, tmp_path) -> tuple[list[dict], float]:
+    """SIGKILL training in `killed` at random moments, `wanted` times at most, and let it
+    finish; the state after each kill, and the span of delays to go on with."""
+    kills, stalled = [], 0
+    for attempt in itertools.count(1):
+        log = tmp_path / f"{killed.name}-attempt{attempt}.log"
         before = check_run_dir_after_kill(killed)["last"]
+        delay = rng.uniform(0.5 * startup, startup + span) if len(kills) < wanted else None
         result = server.run(["train", data_bin, "--save-dir", killed, *args], log, kill_after=delay)
         assert_resumed_from(log, killed, before)
         if not result.killed:
             assert result.status == 0, log.read_text()[-3000:]
-            break
+            return kills, span
         kills.append(check_run_dir_after_kill(killed))
-        if (kills[-1]["last"] or 0) - (before or 0) > 3:
-            span /= 2  # the timings above were off (a busy machine): kill sooner
-    assert len(kills) >= 20, f"only {len(kills)} kill points before the run finished"
-    before = check_run_dir_after_kill(killed)["last"]
-    final_log = tmp_path / "final.log"
-    assert server.run(["train", data_bin, "--save-dir", killed, *args], final_log).status == 0, final_log.read_text()
-    assert_resumed_from(final_log, killed, before)
+        progress = (kills[-1]["last"] or 0) - (before or 0)
+        stalled = stalled + 1 if progress == 0 else 0
+        if progress > 3:
+            span /= 2  # kill sooner
+        elif stalled >= 3:
+            span, stalled = span * 2, 0  # kill later: the run must get somewhere
 
+
+def check_finished_like(killed: Path, straight: Path, kills: list[dict]) -> None:
+    """The killed run, finished, equals the uninterrupted one, and its progress never went back."""
     assert comparable_log(killed) == comparable_log(straight)
     for name in ("checkpoint_last.pt", "checkpoint_best.pt"):
         assert model_equal(load_checkpoint(killed / name)["model"], load_checkpoint(straight / name)["model"]), name
