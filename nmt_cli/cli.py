@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("score", "BLEU / chrF / TER as sacreBLEU reports them, and tokenized BLEU."),
     "average": ("average", "Average the parameters of several checkpoints."),
     "import-fairseq": ("import_fairseq", "Convert a fairseq Transformer checkpoint into an nmt run directory."),
+    "import-marian": ("import_marian", "Convert a Hugging Face MarianMTModel (OPUS-MT) directory into an nmt run directory."),
     "plot": ("plot", "Draw the learning curves of training runs (train_log.jsonl) as PNG, SVG or HTML."),
     "export": ("export", "Export a checkpoint to CTranslate2 or fairseq."),
     "serve": ("serve", "Serve models over HTTP (nmt's JSON API and LibreTranslate's) with dynamic batching."),

@@ -26,6 +26,8 @@ MAX_SEED = 2**32 - 1
 MAX_MODEL_SIZE = 2**63 - 1
 # fairseq's sinusoid frequencies divide by dim // 2 - 1, which must not be 0.
 MIN_SINUSOID_DIM = 4
+ACTIVATIONS = ("relu", "gelu", "swish")
+SINUSOID_STYLES = ("fairseq", "marian")
 
 
 def check_finite_numbers(config: Any) -> None:
@@ -88,7 +90,7 @@ class ModelConfig:
     dropout: float = option("--dropout", default=0.1, help="Dropout on embeddings and sub-layer outputs.")
     attention_dropout: float = option("--attention-dropout", default=0.0, help="Dropout on attention weights.")
     activation_dropout: float = option("--activation-dropout", default=0.0,
-                                       help="Dropout after the feed-forward ReLU.")
+                                       help="Dropout after the feed-forward activation.")
     # Post-norm (False) is the paper's layout; pre-norm trains more stably when deep.
     normalize_before: bool = option(
         "--normalize-before/--no-normalize-before", default=False,
@@ -109,6 +111,19 @@ class ModelConfig:
     # Multiply embeddings by sqrt(d_model) (the paper); off only for imported models.
     scale_embedding: bool = option("--scale-embedding/--no-scale-embedding", default=True,
                                    help="Multiply token embeddings by sqrt(d_model) (the paper's).")
+    # What imported Marian (OPUS-MT) models need; the defaults are fairseq's Transformer.
+    activation_fn: str = option("--activation-fn", default="relu", choices=ACTIVATIONS,
+                                help="Activation of the feed-forward sub-layers (swish: x * sigmoid(x)).")
+    sinusoids: str = option(
+        "--sinusoids", default="fairseq", choices=SINUSOID_STYLES,
+        help="fairseq: fairseq's sinusoid frequencies, positions numbered after <pad>'s id; marian: the "
+             "paper's frequencies 10000^(-2i/d), positions numbered from 0 (Marian's and OPUS-MT's).")
+    output_bias: bool = option("--output-bias/--no-output-bias", default=False,
+                               help="A bias on the output projection (Marian's final_logits_bias).")
+    start_embedding: bool = option(
+        "--start-embedding/--no-start-embedding", default=False,
+        help="The decoder's first input is a vector of its own, not the embedding of </s> "
+             "(Marian's decoders start from <pad>'s embedding).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)

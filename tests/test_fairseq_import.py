@@ -267,7 +267,7 @@ def test_loader_reads_namespace_args_without_fairseq(tmp_path):
 @pytest.mark.parametrize("option, message", [
     ({"layernorm_embedding": True}, "--layernorm-embedding"),
     ({"adaptive_softmax_cutoff": "5000,20000"}, "--adaptive-softmax-cutoff"),
-    ({"activation_fn": "gelu"}, "--activation-fn gelu"),
+    ({"activation_fn": "gelu_accurate"}, "--activation-fn gelu_accurate"),
     ({"encoder_normalize_before": True}, "--encoder-normalize-before differing"),
     ({"arch": "lstm"}, "architecture 'lstm' is not supported"),
 ])
@@ -276,6 +276,13 @@ def test_unsupported_options_are_named(option, message):
     with pytest.raises(NmtError, match=message):
         model_config_from_args(args, {"encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0])},
                                Path("model.pt"))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_activations_nmt_has_are_taken_by_their_fairseq_names(activation):
+    versions = {"encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0])}
+    cfg = model_config_from_args({"arch": "transformer", "activation_fn": activation}, versions, Path("model.pt"))
+    assert cfg.activation_fn == activation
 
 
 def test_dictionary_overwriting_a_symbol_is_refused(tmp_path):

@@ -246,6 +246,7 @@ def base_arguments(command: str, shared: dict[str, Path], tmp: Path) -> list:
         "average": ["average", "--inputs", shared["checkpoint"], shared["save"] / "checkpoint_last.pt",
                     "--output", tmp / "avg.pt"],
         "import-fairseq": ["import-fairseq", tmp / "missing.pt", "--dict-dir", tmp, "--out", tmp / "imported"],
+        "import-marian": ["import-marian", tmp / "missing-model-dir", "--out", tmp / "imported"],
         "plot": ["plot", shared["save"], "-o", tmp / "c.png"],
         "export": ["export", shared["checkpoint"], tmp / "exported", "--format", "fairseq"],
         "serve": ["serve", "--path", tmp / "missing.pt"],  # refused before it listens: the test must end

@@ -470,7 +470,7 @@ def test_layers_match_torch_transformer_layers(norm_first: bool) -> None:
     pad[0, 3:] = True
     allowed = ~pad[:, None, None, :]
 
-    ours_enc = EncoderLayer(D, F, H, 0.0, 0.0, 0.0, norm_first).double().eval()
+    ours_enc = EncoderLayer(D, F, H, 0.0, 0.0, 0.0, norm_first, "relu").double().eval()
     theirs_enc = nn.TransformerEncoderLayer(D, H, F, dropout=0.0, batch_first=True, norm_first=norm_first)
     theirs_enc = theirs_enc.double().eval()
     copy_into_torch_layer(ours_enc, theirs_enc, decoder=False)
@@ -478,7 +478,7 @@ def test_layers_match_torch_transformer_layers(norm_first: bool) -> None:
         want = theirs_enc(x, src_key_padding_mask=pad)
         non_pad_close(ours_enc(x, allowed), want, torch.where(pad, PAD, 5), atol=1e-10)
 
-    ours_dec = DecoderLayer(D, F, H, 0.0, 0.0, 0.0, norm_first, D).double().eval()
+    ours_dec = DecoderLayer(D, F, H, 0.0, 0.0, 0.0, norm_first, D, "relu").double().eval()
     theirs_dec = nn.TransformerDecoderLayer(D, H, F, dropout=0.0, batch_first=True, norm_first=norm_first)
     theirs_dec = theirs_dec.double().eval()
     copy_into_torch_layer(ours_dec, theirs_dec, decoder=True)

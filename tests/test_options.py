@@ -29,6 +29,7 @@ from nmt_cli.config import (
 )
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.fairseq.importer import ImportConfig
+from nmt_cli.interop.marian.importer import MarianImportConfig
 from nmt_cli.options import SAME, aliases_of, config_from_params, flag_fields
 
 # command -> (configs its options come from, ModelConfig overrides or not, the required
@@ -44,6 +45,7 @@ COMMANDS = {
     "score": ((ScoreConfig,), False, ["--ref", "ref.txt"], set()),
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
     "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
+    "import-marian": ((MarianImportConfig,), False, ["opus-mt-en-de", "--out", "run"], set()),
     "plot": ((PlotConfig,), False, ["run", "-o", "curves.png"], set()),
     "info": ((InfoConfig,), True, [], set()),
     "export": ((ExportConfig,), False, ["run", "out", "--format", "fairseq"], set()),

@@ -20,7 +20,7 @@ def import_fairseq(**params: Any) -> None:
     \b
     The file is read with a restricted unpickler: no code stored in it runs, and
     fairseq need not be installed. Options nmt cannot reproduce exactly (e.g.
-    --layernorm-embedding, adaptive softmax, GELU) are refused by name.
+    --layernorm-embedding, adaptive softmax, --activation-fn tanh) are refused by name.
 
     \b
     OUT is written as a whole. It must be new or empty, or hold this same import

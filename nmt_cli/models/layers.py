@@ -50,6 +50,16 @@ def sinusoidal_table(num_positions: int, dim: int, padding_idx: int) -> Tensor:
     return table
 
 
+def marian_sinusoid_table(num_positions: int, dim: int) -> Tensor:
+    """Marian's sinusoid table (num_positions, dim), float32, as Hugging Face's MarianMTModel
+    computes it: position p, frequency i is p / 10000^(2i/dim) (the paper's), the sines in
+    the first half and the cosines in the second, computed in float64 and rounded once."""
+    sines = (dim + 1) // 2
+    positions = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)
+    angles = positions / torch.pow(10000.0, 2 * torch.arange(sines, dtype=torch.float64) / dim)  # (N, ceil(D/2))
+    return torch.cat([torch.sin(angles), torch.cos(angles[:, : dim // 2])], dim=1).float()
+
+
 def make_positions(tokens: Tensor, padding_idx: int) -> Tensor:
     """Position ids (B, T): non-pad tokens count from padding_idx + 1; pads get padding_idx."""
     not_pad = tokens.ne(padding_idx).int()
@@ -93,6 +103,31 @@ class SinusoidalPositions(nn.Module):
     def at(self, position: Tensor) -> Tensor:
         """The embedding (1, 1, D) of 0-based position `position`, a () long tensor on the device."""
         return self.table.index_select(0, position.view(1) + (self.padding_idx + 1)).unsqueeze(0)
+
+
+class MarianPositions(nn.Module):
+    """Marian's fixed sinusoids (`marian_sinusoid_table`): positions count from 0 whatever
+    the token, pads included (they are masked or, in the decoder, after every real token)."""
+
+    def __init__(self, dim: int, max_positions: int) -> None:
+        super().__init__()
+        self.dim = dim
+        self.register_buffer("table", marian_sinusoid_table(max_positions, dim), persistent=False)
+
+    def forward(self, tokens: Tensor, start: int | None = None) -> Tensor:
+        """(B, T) tokens -> (1, T, D) for positions start..start+T-1 (start None: 0)."""
+        first = start or 0
+        self.prepare(first + tokens.size(1))
+        return self.table[first: first + tokens.size(1)].unsqueeze(0)
+
+    def prepare(self, length: int) -> None:
+        """Make room for `length` positions, before `at` is called without host checks."""
+        if length > self.table.size(0):
+            self.table = marian_sinusoid_table(max(length, 2 * self.table.size(0)), self.dim).to(self.table)
+
+    def at(self, position: Tensor) -> Tensor:
+        """The embedding (1, 1, D) of 0-based position `position`, a () long tensor on the device."""
+        return self.table.index_select(0, position.view(1)).unsqueeze(0)
 
 
 class LearnedPositions(nn.Module):
@@ -279,14 +314,20 @@ def _linear(in_dim: int, out_dim: int) -> nn.Linear:
     return layer
 
 
+# The feed-forward activations, by ModelConfig.activation_fn (fairseq's and Marian's names).
+ACTIVATION_FUNCTIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
 class _Sublayers(nn.Module):
     """Residual wiring shared by encoder and decoder layers (post-norm or pre-norm)."""
 
-    def __init__(self, dropout: float, activation_dropout: float, normalize_before: bool) -> None:
+    def __init__(self, dropout: float, activation_dropout: float, normalize_before: bool, activation: str) -> None:
         super().__init__()
         self.dropout = dropout
         self.activation_dropout = activation_dropout
         self.normalize_before = normalize_before
+        self.activation = activation
+        self._activate = ACTIVATION_FUNCTIONS[activation]
         self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
         # True once fc1 applies the ReLU itself, as it writes its product (the CPU
         # inference layers of nmt_cli/models/fast/packed.py; only for inference).
@@ -302,7 +343,7 @@ class _Sublayers(nn.Module):
     def feed_forward(self, x: Tensor, fc1: nn.Module, fc2: nn.Module) -> Tensor:
         if self.fc1_applies_relu:
             return fc2(fc1(x))
-        hidden = maybe_dropout(F.relu(fc1(x)), self.activation_dropout, self.training,
+        hidden = maybe_dropout(self._activate(fc1(x)), self.activation_dropout, self.training,
                                self.lane_mask_dropout)  # (B, T, ffn_dim)
         return fc2(hidden)
 
@@ -311,9 +352,9 @@ class EncoderLayer(nn.Module):
     """Self-attention and feed-forward, each with dropout, residual and LayerNorm."""
 
     def __init__(self, dim: int, ffn_dim: int, heads: int, dropout: float, attention_dropout: float,
-                 activation_dropout: float, normalize_before: bool) -> None:
+                 activation_dropout: float, normalize_before: bool, activation: str) -> None:
         super().__init__()
-        self.wiring = _Sublayers(dropout, activation_dropout, normalize_before)
+        self.wiring = _Sublayers(dropout, activation_dropout, normalize_before, activation)
         self.self_attn = SelfAttention(dim, heads, attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(dim)
         self.fc1 = _linear(dim, ffn_dim)
@@ -333,9 +374,9 @@ class DecoderLayer(nn.Module):
     """Causal self-attention, cross-attention and feed-forward, each with residual and LayerNorm."""
 
     def __init__(self, dim: int, ffn_dim: int, heads: int, dropout: float, attention_dropout: float,
-                 activation_dropout: float, normalize_before: bool, encoder_dim: int) -> None:
+                 activation_dropout: float, normalize_before: bool, encoder_dim: int, activation: str) -> None:
         super().__init__()
-        self.wiring = _Sublayers(dropout, activation_dropout, normalize_before)
+        self.wiring = _Sublayers(dropout, activation_dropout, normalize_before, activation)
         self.self_attn = SelfAttention(dim, heads, attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(dim)
         self.encoder_attn = CrossAttention(dim, heads, attention_dropout, encoder_dim)

@@ -64,7 +64,8 @@ def parameter_counts(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int)
     if not cfg.share_all_embeddings:  # shared: one matrix for both inputs and the output
         embeddings += tgt_vocab_size * dec_dim
         if not cfg.share_decoder_input_output_embed:
-            embeddings += tgt_vocab_size * dec_dim  # the output projection, without bias
+            embeddings += tgt_vocab_size * dec_dim  # the output projection's weight
+    embeddings += tgt_vocab_size * cfg.output_bias + dec_dim * cfg.start_embedding
     if cfg.learned_pos:  # sinusoids are a buffer, not parameters
         embeddings += position_rows(cfg.max_source_positions) * enc_dim
         embeddings += position_rows(cfg.max_target_positions) * dec_dim

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
-from nmt_cli.data.dictionary import PAD_ID
+from nmt_cli.data.dictionary import EOS_ID, PAD_ID
 from nmt_cli.errors import NmtError
 from nmt_cli.models.decoding_state import BufferSource, CrossAttentionState, DecoderCache, LayerKV, RowMajorKV
 from nmt_cli.models.fast.beam_slots import BeamSlotKV
@@ -33,6 +33,7 @@ from nmt_cli.models.layers import (
     DecoderLayer,
     EncoderLayer,
     LearnedPositions,
+    MarianPositions,
     SinusoidalPositions,
     key_padding_to_attn_mask,
 )
@@ -56,6 +57,8 @@ def make_embedding(vocab_size: int, dim: int, padding_idx: int) -> nn.Embedding:
 def make_positions_module(cfg: ModelConfig, dim: int, max_positions: int) -> nn.Module:
     if cfg.learned_pos:
         return LearnedPositions(dim, PAD_ID, max_positions)
+    if cfg.sinusoids == "marian":
+        return MarianPositions(dim, max_positions)
     return SinusoidalPositions(dim, PAD_ID, max_positions)
 
 
@@ -70,7 +73,7 @@ class TransformerEncoder(nn.Module):
         self.embed_positions = make_positions_module(cfg, dim, cfg.max_source_positions)
         self.layers = nn.ModuleList(
             EncoderLayer(dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before)
+                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.activation_fn)
             for _ in range(cfg.encoder_layers)
         )
         # Pre-norm leaves the last residual sum unnormalised; fairseq adds a final LayerNorm.
@@ -104,20 +107,33 @@ class TransformerDecoder(nn.Module):
         self.embed_positions = make_positions_module(cfg, dim, cfg.max_target_positions)
         self.layers = nn.ModuleList(
             DecoderLayer(dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.encoder_embed_dim)
+                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.encoder_embed_dim,
+                         cfg.activation_fn)
             for _ in range(cfg.decoder_layers)
         )
         self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
+        # The decoder's first input, in place of </s>'s embedding (which is where </s> is
+        # ever an input: it starts every target and ends none); None: </s>'s embedding.
+        self.start_embedding = nn.Parameter(torch.zeros(dim)) if cfg.start_embedding else None
         vocab_size = embed_tokens.num_embeddings
-        self.output_projection = nn.Linear(dim, vocab_size, bias=False)
+        self.output_projection = nn.Linear(dim, vocab_size, bias=cfg.output_bias)
         if share_input_output:
             self.output_projection.weight = embed_tokens.weight
         else:
             nn.init.normal_(self.output_projection.weight, mean=0.0, std=dim**-0.5)
+        if cfg.output_bias:
+            nn.init.zeros_(self.output_projection.bias)
+
+    def token_embeddings(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> unscaled embeddings (B, T, D), the start vector at </s>."""
+        x = self.embed_tokens(tokens)
+        if self.start_embedding is None:
+            return x
+        return torch.where(tokens.eq(EOS_ID).unsqueeze(-1), self.start_embedding.to(x.dtype), x)
 
     def embed(self, tokens: Tensor, start: int | None) -> Tensor:
         """tokens (B, T) -> (B, T, D): scaled embeddings + positions, dropout."""
-        x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions(tokens, start)
+        x = self.embed_scale * self.token_embeddings(tokens) + self.embed_positions(tokens, start)
         return maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
 
     def forward(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, src_padded: bool = True) -> Tensor:
@@ -133,7 +149,7 @@ class TransformerDecoder(nn.Module):
     def embed_at(self, tokens: Tensor, index: Tensor) -> Tensor:
         """One new token per row (B*K, 1) at 0-based position `index`, a () long tensor on
         the device (no host checks: call `embed_positions.prepare` first) -> (B*K, 1, D)."""
-        x = self.embed_scale * self.embed_tokens(tokens) + self.embed_positions.at(index)
+        x = self.embed_scale * self.token_embeddings(tokens) + self.embed_positions.at(index)
         return maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
 
     def forward_cached(self, x: Tensor, cross: CrossAttentionState, self_caches: list[LayerKV]) -> Tensor:
@@ -308,7 +324,7 @@ class Transformer(nn.Module):
         """Last hidden states (N, D) -> float32 log-probabilities (N, V)."""
         projection = self.decoder.output_projection
         if self.decoding.onednn_logits and isinstance(projection, nn.Linear):
-            logits = vocabulary_logits(hidden, projection.weight)
+            logits = vocabulary_logits(hidden, projection.weight, projection.bias)
         else:  # F.linear, or a CPU inference layer (Int8Linear, PackedLinear)
             logits = projection(hidden)
         if logits.dtype == torch.float32 and logits.device.type == "cpu":

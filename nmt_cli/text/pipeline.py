@@ -5,7 +5,8 @@
 meta.json's `bpe` entry is `null` (pre-segmented text), a sentencepiece model
 (`{"type": "sentencepiece", "model": ...}` or per side `model_src`/`model_tgt`),
 or subword-nmt codes (`{"type": "subword_nmt", "codes": ..., "separator": "@@"}`,
-for models imported from fairseq).
+for models imported from fairseq). `"marian": true` beside a sentencepiece model
+segments and restores text as Hugging Face's MarianTokenizer (models imported from Marian).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from nmt_cli.data.dictionary import UNK
 from nmt_cli.data.meta import read_meta
 from nmt_cli.errors import NmtError
 from nmt_cli.text.bpe import BpeModel
@@ -62,7 +64,10 @@ class TextPipeline:
         marker = meta.get("segmented_input")
         if not bpe and marker in (SUBWORD_NMT_MARKER, SENTENCEPIECE_MARKER):
             return cls(settings, bpe=PresegmentedPieces(marker))
-        return cls(settings, bpe_model_path(directory, meta, sides[lang]))
+        model = bpe_model_path(directory, meta, sides[lang])
+        if model is not None and bpe.get("marian"):
+            return cls(settings, bpe=MarianPieces(BpeModel(model)))
+        return cls(settings, model)
 
     def encode(self, line: str) -> list[str]:
         tokenized = self.tokenizer.tokenize(line)
@@ -91,6 +96,26 @@ class PresegmentedPieces:
         if self.marker == SENTENCEPIECE_MARKER:
             return "".join(pieces).replace(SENTENCEPIECE_MARKER, " ").strip()
         return (" ".join(pieces) + " ").replace(SUBWORD_NMT_MARKER, "").rstrip()  # fairseq's --remove-bpe
+
+
+class MarianPieces:
+    """A sentencepiece model used as Hugging Face's MarianTokenizer uses it (models imported
+    from Marian): a line's leading `>>xx<<` (the target language of a multilingual OPUS-MT
+    model) stays one piece; output pieces lose `<unk>` (skip_special_tokens), are decoded
+    by the model, and any `▁` left (a piece the model lacks) becomes a space."""
+
+    def __init__(self, model: BpeModel) -> None:
+        self.model = model
+
+    def encode(self, line: str) -> list[str]:
+        end = line.find("<<") if line.startswith(">>") else -1
+        if end == -1:
+            return self.model.encode(line)
+        return [line[: end + 2], *self.model.encode(line[end + 2:])]
+
+    def decode(self, pieces: list[str]) -> str:
+        text = self.model.decode([piece for piece in pieces if piece != UNK])
+        return text.replace(SENTENCEPIECE_MARKER, " ").strip()
 
 
 def bpe_model_path(directory: Path, meta: dict, side: str) -> Path | None:

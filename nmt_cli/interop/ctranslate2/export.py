@@ -11,9 +11,12 @@ must be told:
   shared matrix once);
 * sinusoidal positions in fairseq's flavour ([sin | cos] halves, numbered from
   padding_idx + 1): the table is written explicitly from that row on, so that row 0
-  is the first token's position, as CTranslate2 numbers them;
+  is the first token's position, as CTranslate2 numbers them; or in Marian's, numbered
+  from 0;
+* the feed-forward activation, and the output projection's bias (Marian's models);
 * LayerNorm epsilon 1e-5 (torch's and fairseq's);
-* the decoder starts from `</s>` and the source ends with `</s>` (fairseq's layout).
+* the decoder starts from `</s>` (or, for models imported from Marian, from `<pad>`,
+  whose embedding is their start vector) and the source ends with `</s>`.
 
 Beside CTranslate2's files the directory holds nmt's: `dict.{src,tgt}.txt`, the run's
 meta.json and BPE model(s) (so that the same raw text reaches the model), and
@@ -35,7 +38,7 @@ from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.ctranslate2.extra import import_ctranslate2
 from nmt_cli.interop.source import ExportSource
-from nmt_cli.models.layers import sinusoidal_table
+from nmt_cli.models.layers import marian_sinusoid_table, sinusoidal_table
 
 EXPORT_INFO = "nmt_export.json"
 LAYER_NORM_EPSILON = 1e-5
@@ -79,6 +82,9 @@ def position_encodings(source: ExportSource, side: str, max_positions: int) -> t
     """The position table as CTranslate2 indexes it: row 0 is the first token's position."""
     if source.cfg.learned_pos:
         table = source.weights[f"{side}.embed_positions.weight"]
+    elif source.cfg.sinusoids == "marian":  # numbered from 0 already
+        dim = source.cfg.encoder_embed_dim if side == "encoder" else source.cfg.decoder_embed_dim
+        return marian_sinusoid_table(max_positions, dim)
     else:
         dim = source.cfg.encoder_embed_dim if side == "encoder" else source.cfg.decoder_embed_dim
         table = sinusoidal_table(max_positions + PAD_ID + 1, dim, PAD_ID)
@@ -92,13 +98,14 @@ def transformer_spec(source: ExportSource, ct2: ModuleType) -> Any:
         raise NmtError(f"{source.checkpoint}: CTranslate2 needs as many encoder as decoder attention heads "
                        f"({cfg.encoder_attention_heads} vs {cfg.decoder_attention_heads})")
     specs = ct2.specs
+    activation = {"relu": specs.Activation.RELU, "gelu": specs.Activation.GELU, "swish": specs.Activation.SWISH}
     spec = specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers), cfg.encoder_attention_heads, pre_norm=cfg.normalize_before,
-        activation=specs.Activation.RELU)
+        activation=activation[cfg.activation_fn])
     weights = source.weights
     _set_side(spec.encoder, weights, "encoder", source, cfg.max_source_positions, cfg.encoder_embed_dim)
     _set_side(spec.decoder, weights, "decoder", source, cfg.max_target_positions, cfg.decoder_embed_dim)
-    _set_linear(spec.decoder.projection, weights, "decoder.output_projection", bias=False)
+    _set_linear(spec.decoder.projection, weights, "decoder.output_projection", bias=cfg.output_bias)
     for i, layer in enumerate(spec.encoder.layer):
         prefix = f"encoder.layers.{i}"
         _set_attention(layer.self_attention, weights, f"{prefix}.self_attn", ct2, self_attention=True)
@@ -113,10 +120,22 @@ def transformer_spec(source: ExportSource, ct2: ModuleType) -> Any:
         _set_ffn(layer.ffn, weights, prefix)
     spec.register_source_vocabulary(ctranslate2_vocabulary(source.src_dict.symbols, "source"))
     spec.register_target_vocabulary(ctranslate2_vocabulary(source.tgt_dict.symbols, "target"))
-    spec.config.decoder_start_token = "</s>"
+    spec.config.decoder_start_token = decoder_start_token(source)
     spec.config.add_source_eos = True
     spec.config.layer_norm_epsilon = LAYER_NORM_EPSILON
     return spec
+
+
+def decoder_start_token(source: ExportSource) -> str:
+    """The token whose embedding starts the decoder: `</s>`, or, for a model with a start
+    vector of its own (models imported from Marian), the token whose embedding it is."""
+    if not source.cfg.start_embedding:
+        return "</s>"
+    start, embeddings = source.weights["decoder.start_embedding"], source.weights["decoder.embed_tokens.weight"]
+    if torch.equal(start, embeddings[PAD_ID]):
+        return CT2_PAD
+    raise NmtError(f"{source.checkpoint}: the decoder's start vector is no token's embedding, and CTranslate2 "
+                   "starts the decoder from a token")
 
 
 def _set_side(spec: Any, weights: dict[str, torch.Tensor], side: str, source: ExportSource,

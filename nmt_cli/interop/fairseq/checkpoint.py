@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.config import ModelConfig
+from nmt_cli.config import ACTIVATIONS, ModelConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.fairseq.unpickle import PICKLE_MODULE, plain
 
@@ -109,7 +109,7 @@ def model_config_from_args(args: dict[str, Any], weights: dict[str, torch.Tensor
         v.setdefault(side_key, v[encoder_key])
     _check_arg_types(v, labels, path)
     problems = [f"--{flag.replace('_', '-')}" for flag in UNSUPPORTED_FLAGS if v.get(flag)]
-    if v["activation_fn"] != "relu":
+    if v["activation_fn"] not in ACTIVATIONS:
         problems.append(f"--activation-fn {v['activation_fn']}")
     for name in ("normalize_before", "learned_pos"):
         if bool(v[f"encoder_{name}"]) != bool(v[f"decoder_{name}"]):
@@ -144,7 +144,7 @@ def _model_config(v: dict[str, Any], pre_norm: bool) -> ModelConfig:
         share_decoder_input_output_embed=bool(v["share_decoder_input_output_embed"]),
         max_source_positions=v["max_source_positions"], max_target_positions=v["max_target_positions"],
         learned_pos=bool(v["encoder_learned_pos"]),
-        scale_embedding=not v["no_scale_embedding"],
+        scale_embedding=not v["no_scale_embedding"], activation_fn=v["activation_fn"],
     )
 
 

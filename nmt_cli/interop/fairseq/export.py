@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from nmt_cli.errors import NmtError
 from nmt_cli.interop.source import ExportSource
 
 FAIRSEQ_ARCH = "transformer"
@@ -28,6 +29,12 @@ FAIRSEQ_ARCH = "transformer"
 def fairseq_args(source: ExportSource) -> argparse.Namespace:
     """The model and task arguments fairseq needs to rebuild the network exactly."""
     cfg = source.cfg
+    beyond_fairseq = [flag for flag, used in (("--sinusoids marian", cfg.sinusoids != "fairseq"),
+                                              ("--output-bias", cfg.output_bias),
+                                              ("--start-embedding", cfg.start_embedding)) if used]
+    if beyond_fairseq:
+        raise NmtError(f"{source.checkpoint}: fairseq's Transformer has no {', '.join(beyond_fairseq)} "
+                       "(a model imported from Marian); export it to CTranslate2 instead")
     return argparse.Namespace(
         arch=FAIRSEQ_ARCH, task="translation", criterion="cross_entropy", optimizer=None, lr_scheduler=None,
         data=".", source_lang=source.source_lang, target_lang=source.target_lang,
@@ -40,7 +47,7 @@ def fairseq_args(source: ExportSource) -> argparse.Namespace:
         encoder_learned_pos=cfg.learned_pos, decoder_learned_pos=cfg.learned_pos,
         share_all_embeddings=cfg.share_all_embeddings,
         share_decoder_input_output_embed=cfg.share_decoder_input_output_embed,
-        no_scale_embedding=not cfg.scale_embedding, activation_fn="relu",
+        no_scale_embedding=not cfg.scale_embedding, activation_fn=cfg.activation_fn,
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
         max_source_positions=cfg.max_source_positions, max_target_positions=cfg.max_target_positions,
         left_pad_source=True, left_pad_target=False, no_token_positional_embeddings=False,

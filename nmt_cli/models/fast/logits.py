@@ -20,8 +20,8 @@ def _find_onednn_linear():
 _ONEDNN_LINEAR = _find_onednn_linear()
 
 
-def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
-    """hidden (N, D) x output projection weight (V, D) -> logits (N, V), as F.linear.
+def vocabulary_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """hidden (N, D) x output projection weight (V, D) (+ bias (V,)) -> logits (N, V), as F.linear.
 
     On a CPU in float32 this runs oneDNN's kernel, which is faster than MKL's sgemm
     (F.linear's) for a decoding step's shapes on the CPUs measured (CTranslate2 picks
@@ -29,5 +29,5 @@ def vocabulary_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """
     on_cpu_fp32 = hidden.device.type == "cpu" and hidden.dtype == weight.dtype == torch.float32
     if _ONEDNN_LINEAR is not None and on_cpu_fp32 and not torch.is_autocast_enabled("cpu"):
-        return _ONEDNN_LINEAR(hidden.contiguous(), weight, None, "none", [], "")
-    return F.linear(hidden, weight)
+        return _ONEDNN_LINEAR(hidden.contiguous(), weight, bias, "none", [], "")
+    return F.linear(hidden, weight, bias)

@@ -87,7 +87,8 @@ def pack_linears(model: nn.Module, dtype: torch.dtype) -> bool:
     if packed_unavailable_reason(dtype) is not None:
         return False
     for layer in model.modules():
-        if isinstance(layer, (EncoderLayer, DecoderLayer)):  # their feed-forward's ReLU moves into fc1
+        if isinstance(layer, (EncoderLayer, DecoderLayer)) and layer.wiring.activation == "relu":
+            # The feed-forward's ReLU moves into fc1 (oneDNN's post-op); other activations stay.
             layer.fc1 = PackedLinear(layer.fc1, dtype, relu=True)
             layer.wiring.fc1_applies_relu = True
     replace_linears(model, lambda linear: PackedLinear(linear, dtype))
