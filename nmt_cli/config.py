@@ -473,6 +473,8 @@ class TranslateConfig:
 # fairseq's --post-process values nmt applies (fairseq/data/data_utils.py `post_process`).
 REMOVE_BPE_SYMBOLS = ("@@ ", "@@", "subword_nmt", "sentencepiece", "none")
 GENERATE_SCORINGS = ("bleu", "sacrebleu")
+# fairseq's --print-alignment values: hard (the value without one) and soft.
+PRINT_ALIGNMENTS = ("hard", "soft")
 # Tokens per batch when neither --max-tokens nor --batch-size is given (fairseq-generate's).
 GENERATE_MAX_TOKENS = 12000
 
@@ -514,11 +516,22 @@ class GenerateConfig:
     score_reference: bool = flag_option(
         "--score-reference", help="Score the references instead of searching: H- is the target, its score the "
                                   "mean log-probability of its tokens (fairseq's SequenceScorer).")
+    print_alignment: str | None = option(
+        "--print-alignment", default=None, flag_value="hard", choices=PRINT_ALIGNMENTS, metavar="[hard|soft]",
+        help="After each P- line an A- line, from the last decoder layer's cross-attention averaged over heads "
+             "(and over an ensemble's models), as fairseq: hard (the value without one): src-tgt pairs of token "
+             "positions, each target token but </s> with the source token it attends most; soft: each target "
+             "token's attention over the source tokens, comma-separated.")
     cpu: bool = flag_option("--cpu", help="Decode on the CPU even where a GPU is available.")
     fp16: bool = flag_option("--fp16", help="Run the model in half precision (autocast; a GPU only).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        if self.print_alignment is not None and self.print_alignment not in PRINT_ALIGNMENTS:
+            raise NmtError(f"--print-alignment must be one of {', '.join(PRINT_ALIGNMENTS)} (got {self.print_alignment!r})")
+        if self.print_alignment == "soft" and self.score_reference:
+            raise NmtError("--print-alignment soft with --score-reference: fairseq scores references with hard "
+                           "alignments only; give --print-alignment (hard)")
         if not self.checkpoints or any(not p for p in self.checkpoints):
             raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
         if not self.gen_subset or "/" in self.gen_subset:
