@@ -25,7 +25,7 @@ from databin_utils import WORDS, reversal_pairs, write_data_bin
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import EOS_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDataset
-from nmt_cli.decode.generate import fairseq_batches
+from nmt_cli.decode.generate import fairseq_batches, hard_alignment_text
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -143,6 +143,14 @@ def test_alignment_lines_follow_each_p_line_and_come_from_attention(workspace):
             assert pairs.split() == expected
     quiet = generate(data_bin, checkpoint, "--print-alignment", "--quiet").stdout
     assert len(quiet.splitlines()) == 1
+
+
+def test_hard_alignment_text_is_fairseqs():
+    """`src-tgt` per target token; fairseq's `extract_hard_alignment` gives no pairs for a source
+    of `</s>` alone, nor for a hypothesis of `</s>` alone."""
+    assert hard_alignment_text([2, 0, 1], source_length=4) == "2-0 0-1 1-2"
+    assert hard_alignment_text([0, 0], source_length=1) == ""
+    assert hard_alignment_text([], source_length=5) == ""
 
 
 def test_sentences_come_in_fairseqs_batch_order(workspace):
