@@ -488,6 +488,8 @@ class TranslateConfig:
 # fairseq's --post-process values nmt applies (fairseq/data/data_utils.py `post_process`).
 REMOVE_BPE_SYMBOLS = ("@@ ", "@@", "subword_nmt", "sentencepiece", "none")
 GENERATE_SCORINGS = ("bleu", "sacrebleu")
+# fairseq's --print-alignment values: hard (the value without one) and soft.
+PRINT_ALIGNMENTS = ("hard", "soft")
 # Tokens per batch when neither --max-tokens nor --batch-size is given (fairseq-generate's).
 GENERATE_MAX_TOKENS = 12000
 
@@ -529,11 +531,22 @@ class GenerateConfig:
     score_reference: bool = flag_option(
         "--score-reference", help="Score the references instead of searching: H- is the target, its score the "
                                   "mean log-probability of its tokens (fairseq's SequenceScorer).")
+    print_alignment: str | None = option(
+        "--print-alignment", default=None, flag_value="hard", choices=PRINT_ALIGNMENTS, metavar="[hard|soft]",
+        help="After each P- line an A- line, from the last decoder layer's cross-attention averaged over heads "
+             "(and over an ensemble's models), as fairseq: hard (the value without one): src-tgt pairs of token "
+             "positions, each target token but </s> with the source token it attends most; soft: each target "
+             "token's attention over the source tokens, comma-separated.")
     cpu: bool = flag_option("--cpu", help="Decode on the CPU even where a GPU is available.")
     fp16: bool = flag_option("--fp16", help="Run the model in half precision (autocast; a GPU only).")
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        if self.print_alignment is not None and self.print_alignment not in PRINT_ALIGNMENTS:
+            raise NmtError(f"--print-alignment must be one of {', '.join(PRINT_ALIGNMENTS)} (got {self.print_alignment!r})")
+        if self.print_alignment == "soft" and self.score_reference:
+            raise NmtError("--print-alignment soft with --score-reference: fairseq scores references with hard "
+                           "alignments only; give --print-alignment (hard)")
         if not self.checkpoints or any(not p for p in self.checkpoints):
             raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
         if not self.gen_subset or "/" in self.gen_subset:
@@ -996,6 +1009,12 @@ EVAL_BLEU_ARGS = {"beam": "eval_bleu_beam", "lenpen": "eval_bleu_lenpen", "max_l
                   "max_len_b": "eval_bleu_max_len_b"}
 # --eval-bleu-detok values and the data-bin tokenizer each names: nmt detokenizes as the data-bin says.
 EVAL_BLEU_DETOK = {"moses": "moses", "space": "none"}
+# --eval-bleu-detok-args keys nmt takes: the languages of fairseq's Moses detokenizer. (Its other
+# keys shape tokenizing, which nmt takes from the data-bin's meta.json.)
+EVAL_BLEU_DETOK_ARGS = ("source_lang", "target_lang")
+# --eval-bleu-remove-bpe values (fairseq's --post-process names) and the segmentation each removes.
+EVAL_BLEU_REMOVE_BPE = {"@@ ": "subword_nmt", "subword_nmt": "subword_nmt", "sentencepiece": "sentencepiece",
+                        "none": "none"}
 FAIRSEQ_EMA_DECAY = 0.9999  # --store-ema without --ema-decay, as fairseq
 
 
@@ -1185,10 +1204,20 @@ class TrainConfig:
     eval_bleu_detok: str | None = option(
         "--eval-bleu-detok", default=None,
         help="fairseq's detokenizer choice. nmt detokenizes as the data-bin's meta.json says: moses (a Moses "
-             "data-bin) and space (a data-bin without a tokenizer) are accepted, other values refused.")
-    eval_bleu_remove_bpe: bool = flag_option(
-        "--eval-bleu-remove-bpe",
-        help="Accepted for fairseq's command lines: nmt removes its BPE before scoring anyway.")
+             "data-bin) and space (a data-bin without a tokenizer, or with --eval-tokenized-bleu) are accepted, "
+             "other values refused.")
+    eval_bleu_detok_args: str | None = option(
+        "--eval-bleu-detok-args", default=None, metavar="JSON",
+        help="fairseq's arguments of the detokenizer, e.g. '{\"target_lang\": \"de\"}': the Moses languages "
+             "(source_lang, target_lang), which must be the data-bin's; other keys are refused.")
+    eval_tokenized_bleu: bool = flag_option(
+        "--eval-tokenized-bleu",
+        help="Score the tokenized text (BPE removed, not detokenized) with sacreBLEU's tokenize 'none', as "
+             "fairseq: the references are tokenized as preprocessing tokenized the target side.")
+    eval_bleu_remove_bpe: str | None = option(
+        "--eval-bleu-remove-bpe", default=None, flag_value="@@ ", metavar="[SYMBOL]",
+        help="fairseq's BPE removal before scoring: '@@ ' (the value without one), subword_nmt, sentencepiece or "
+             "none. nmt removes the data-bin's own segmentation anyway; a value naming another is refused.")
     eval_bleu_print_samples: bool = flag_option(
         "--eval-bleu-print-samples", help="Print a few hypothesis/reference pairs at each --eval-bleu.")
     maximize_best_checkpoint_metric: bool = flag_option(
@@ -1313,7 +1342,32 @@ class TrainConfig:
         if self.eval_bleu_detok is not None and self.eval_bleu_detok not in EVAL_BLEU_DETOK:
             raise NmtError(f"--eval-bleu-detok {self.eval_bleu_detok} is not supported: nmt detokenizes as the "
                            f"data-bin's meta.json says (accepted: {', '.join(EVAL_BLEU_DETOK)})")
+        if self.eval_bleu_remove_bpe is not None and self.eval_bleu_remove_bpe not in EVAL_BLEU_REMOVE_BPE:
+            raise NmtError(f"--eval-bleu-remove-bpe must be one of "
+                           f"{', '.join(repr(s) for s in EVAL_BLEU_REMOVE_BPE)} (got {self.eval_bleu_remove_bpe!r})")
+        self.eval_bleu_detok_languages()
         self.eval_bleu_search()  # the search settings are checked as translate's are
+
+    def eval_bleu_detok_languages(self) -> dict[str, str]:
+        """fairseq's --eval-bleu-detok-args JSON: {"source_lang" or "target_lang": language}."""
+        if self.eval_bleu_detok_args is None:
+            return {}
+        try:
+            given = json.loads(self.eval_bleu_detok_args)
+        except ValueError as error:
+            raise NmtError(f"--eval-bleu-detok-args {self.eval_bleu_detok_args!r} is not JSON ({error})") from None
+        if not isinstance(given, dict):
+            raise NmtError("--eval-bleu-detok-args must be a JSON object such as '{\"target_lang\": \"de\"}' "
+                           f"(got {self.eval_bleu_detok_args!r})")
+        unknown = sorted(set(given) - set(EVAL_BLEU_DETOK_ARGS))
+        if unknown:
+            raise NmtError(f"--eval-bleu-detok-args: {', '.join(unknown)} not supported by nmt (it takes "
+                           f"{', '.join(EVAL_BLEU_DETOK_ARGS)}; tokenizing is as the data-bin's meta.json says)")
+        for key, value in given.items():
+            if not isinstance(value, str):
+                raise NmtError(f"--eval-bleu-detok-args: {key} must be a language code such as \"de\" "
+                               f"(got {json.dumps(value)})")
+        return given
 
     def eval_bleu_search(self) -> DecodeConfig:
         """The beam search of --eval-bleu: its flags, or fairseq's --eval-bleu-args JSON."""

@@ -274,6 +274,8 @@ CASES = [
         ws, ws.data_bin, "--encoder-embed-dim", "99999999999998"), ("parameters: its float32 weights alone need",)),
     Case("train", "sinusoids for 10^12 positions", lambda ws: train(ws, ws.data_bin, "--max-source-positions", str(10**12)),
          ("sinusoidal position tables", "--max-source-positions 1000000000000")),
+    Case("train", "--eval-bleu-detok-args a JSON list", lambda ws: train(ws, ws.data_bin, "--eval-bleu",
+         "--eval-bleu-detok-args", "[1]"), ("--eval-bleu-detok-args must be a JSON object",)),
     # translate
     Case("translate", "text file as checkpoint", lambda ws: translate(ws, ws.file("notes.txt", "hello\n")),
          ("not a readable nmt checkpoint", "notes.txt"), stdin=b"w1\n"),
@@ -321,6 +323,9 @@ CASES = [
     Case("generate", "a truncated fairseq index", lambda ws: ["generate", (lambda d: (d / "valid.src-tgt.src.idx").write_bytes(
         b"MMIDIDX\x00\x00\x01\x00") and d)(ws.data_bin_copy()), "--path", ws.checkpoint, "--cpu", "--gen-subset", "valid"],
          ("fairseq index file is truncated", "valid.src-tgt.src.idx")),
+    Case("generate", "soft alignments of scored references", lambda ws: ["generate", ws.data_bin, "--path",
+         ws.checkpoint, "--cpu", "--gen-subset", "valid", "--score-reference", "--print-alignment", "soft"],
+         ("--print-alignment soft with --score-reference",)),
     # score
     Case("score", "NUL bytes in the hypotheses", lambda ws: score(ws, b"a b\nc d\n", b"a b\nc \x00 d\n"),
          ("hyp.txt:2",)),

@@ -23,7 +23,7 @@ from nmt_cli.checkpoints.names import scored_best_checkpoint
 from nmt_cli.config import TrainConfig
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.train.best import ScoredCheckpoint, keep_best
-from nmt_cli.train.eval_bleu import BleuScores, ValidBleu
+from nmt_cli.train.eval_bleu import BleuScores, ValidBleu, target_segmentation
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
@@ -185,20 +185,92 @@ def test_keep_best_keeps_exactly_the_n_best():
 
 
 def test_fairseq_eval_bleu_flags_train(tmp_path, corpus):
-    """fairseq's IWSLT14 spelling of the flags, as written there."""
+    """fairseq's IWSLT14 spelling of the flags, as written there (with the BPE removal of this
+    data-bin's sentencepiece pieces)."""
     _, data_bin = corpus
     run = tmp_path / "run"
     result = nmt(["train", data_bin, "--save-dir", run, *TINY, "--max-update", "10", "--eval-bleu",
                   "--eval-bleu-args", '{"beam": 2, "max_len_a": 1.2, "max_len_b": 10}', "--eval-bleu-detok", "moses",
-                  "--eval-bleu-remove-bpe", "--eval-bleu-print-samples", "--best-checkpoint-metric", "bleu",
+                  "--eval-bleu-remove-bpe", "sentencepiece", "--eval-bleu-detok-args", '{"target_lang": "de"}',
+                  "--eval-bleu-print-samples", "--best-checkpoint-metric", "bleu",
                   "--maximize-best-checkpoint-metric", "--eval-bleu-subset-lines", "5"])
     assert result.exit_code == 0, result.output
     assert read_log(run)[-1]["eval_bleu_sentences"] == 5
     assert "eval-bleu example hypothesis:" in result.output
 
 
+def fairseq_post_process(line: str, symbol: str) -> str:
+    """fairseq's `post_process` (data/data_utils.py) for the sentencepiece and subword-nmt symbols."""
+    if symbol == "sentencepiece":
+        return line.replace(" ", "").replace("\u2581", " ").strip()
+    return (line + " ").replace("@@ ", "").rstrip()
+
+
+def test_the_segmentation_of_each_kind_of_data_bin_is_named_as_fairseq_names_it():
+    assert target_segmentation({"bpe": {"type": "sentencepiece", "model": "bpe.model"}}) == "sentencepiece"
+    assert target_segmentation({"bpe": {"type": "subword_nmt", "codes": "bpe.codes"}}) == "subword_nmt"
+    assert target_segmentation({"bpe": None, "segmented_input": "@@ "}) == "subword_nmt"
+    assert target_segmentation({"bpe": None, "segmented_input": "\u2581"}) == "sentencepiece"
+    assert target_segmentation({"bpe": None}) == "none"
+
+
+def test_tokenized_bleu_scores_the_tokenized_text_as_fairseq(tmp_path, corpus):
+    """fairseq's --eval-tokenized-bleu, done by hand: the hypotheses' pieces with their BPE removed
+    and the references Moses-tokenized as the data-bin's target side (which are the binarized
+    references' pieces with their BPE removed, where those hold no <unk>), scored by sacreBLEU
+    with tokenize 'none'."""
+    import sacrebleu
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    from nmt_cli.data.dictionary import Dictionary
+    from nmt_cli.data.indexed import IndexedDataset
+
+    raw, data_bin = corpus
+    run = tmp_path / "run"
+    result = nmt(["train", data_bin, "--save-dir", run, *TINY, "--max-update", "100", "--validate-interval-updates",
+                  "100", "--validate-interval", "0", "--eval-bleu", *EVAL_SEARCH, "--eval-tokenized-bleu",
+                  "--eval-bleu-remove-bpe", "sentencepiece", "--eval-bleu-detok-args",
+                  '{"source_lang": "en", "target_lang": "de"}'])
+    assert result.exit_code == 0, result.output
+    logged = read_log(run)[-1]
+    assert "tok:none" in logged["bleu_signature"]
+
+    tokenizer = json.loads((data_bin / "meta.json").read_text())["tokenizer"]
+    assert tokenizer == {"name": "moses", "normalize_punctuation": True, "aggressive_dash_splits": False,
+                         "escape": False}
+    normalizer, moses = MosesPunctNormalizer(lang="de"), MosesTokenizer(lang="de")
+    refs = [moses.tokenize(normalizer.normalize(line.rstrip("\n")), escape=False, return_str=True)
+            for line in (raw / "valid.de").read_text(encoding="utf-8").splitlines()]
+    assert refs[0].endswith(" .")  # tokenized, unlike the raw reference
+    dictionary = Dictionary.load(data_bin / "dict.de.txt")
+    targets = IndexedDataset(data_bin / "valid.en-de.de")
+    binarized = [" ".join(dictionary[i] for i in targets[n].tolist()[:-1]) for n in range(len(targets))]
+    for ref, pieces in zip(refs, binarized):
+        if "<unk>" not in pieces:
+            assert fairseq_post_process(pieces, "sentencepiece") == ref
+    pieces = nmt(["translate", "--path", run / "checkpoint_last.pt", "--input", raw / "valid.en", "--output-format",
+                  "bpe", *SEARCH]).stdout.splitlines()
+    hyps = [fairseq_post_process(line, "sentencepiece") for line in pieces]
+    expected = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score
+    assert expected > 0 and logged["bleu"] == pytest.approx(expected, abs=1e-9)
+    # Line by line: what was scored is that tokenized text (the score alone cannot tell here,
+    # where 13a would split the words as Moses did).
+    model = model_from_checkpoint(load_checkpoint(run / "checkpoint_last.pt")).eval()
+    data = load_data_bin(data_bin)
+    cfg = TrainConfig(data=str(data_bin), save_dir=str(run), eval_bleu=True, eval_bleu_beam=2, eval_tokenized_bleu=True)
+    valid_bleu = ValidBleu(cfg, data, data.split("valid"), model.cfg.max_source_positions, model.cfg.max_target_positions)
+    assert valid_bleu.references == refs
+    assert valid_bleu.translate(model, torch.device("cpu"), nullcontext) == hyps
+
+
 @pytest.mark.parametrize("flags, fragment", [
     (["--eval-bleu-detok", "space"], "was tokenized with moses"),
+    (["--eval-bleu-remove-bpe"], "--eval-bleu-remove-bpe alone ('@@ '): the target side"),
+    (["--eval-bleu-remove-bpe", "none"], "give --eval-bleu-remove-bpe sentencepiece or drop the flag"),
+    (["--eval-bleu-remove-bpe", "wordpiece"], "--eval-bleu-remove-bpe must be one of"),
+    (["--eval-bleu-detok-args", '{"moses_no_escape": true}'], "moses_no_escape not supported"),
+    (["--eval-bleu-detok-args", '{"target_lang": "fr"}'], "target_lang 'fr' is not the target language"),
+    (["--eval-bleu-detok-args", "target_lang=de"], "is not JSON"),
     (["--eval-bleu-detok", "sacremoses"], "--eval-bleu-detok sacremoses is not supported"),
     (["--eval-bleu-args", '{"sampling": true}'], "sampling not supported"),
     (["--eval-bleu-args", "{beam: 5}"], "is not JSON"),

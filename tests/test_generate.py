@@ -25,7 +25,7 @@ from databin_utils import WORDS, reversal_pairs, write_data_bin
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import EOS_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDataset
-from nmt_cli.decode.generate import fairseq_batches
+from nmt_cli.decode.generate import fairseq_batches, hard_alignment_text
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -57,7 +57,7 @@ def sentences(stdout: str) -> dict[int, dict[str, list[str]]]:
     """Per sentence id, its lines by kind (S, T, H, D, P), the fields after the id."""
     out: dict[int, dict[str, list[str]]] = {}
     for line in stdout.splitlines():
-        match = re.match(r"^([STHDP])-(\d+)\t(.*)$", line)
+        match = re.match(r"^([STHDPA])-(\d+)\t(.*)$", line)
         if match:
             out.setdefault(int(match[2]), {}).setdefault(match[1], []).append(match[3])
     return out
@@ -105,13 +105,52 @@ def test_score_reference_scores_the_targets_by_teacher_forcing(workspace):
     src, tgt = IndexedDataset(data_bin / "test.src-tgt.src"), IndexedDataset(data_bin / "test.src-tgt.tgt")
     for i, lines in found.items():
         target = tgt[i].tolist()
-        with torch.no_grad():  # the whole target at once: an independent path from the step-by-step scoring
-            logits = model(torch.tensor([src[i].tolist()]), torch.tensor([[EOS_ID] + target[:-1]]))
-        picked = torch.log_softmax(logits.float(), dim=-1)[0, torch.arange(len(target)), target]
+        picked = step_by_step_log_probs(model, src[i].tolist(), target)
         score, text = lines["H"][0].split("\t")
         assert text == lines["T"][0]
         assert [float(p) for p in lines["P"][0].split()] == pytest.approx((picked / math.log(2)).tolist(), abs=2e-4)
         assert float(score) == pytest.approx(float(picked.mean()) / math.log(2), abs=1e-4)
+
+
+def step_by_step_log_probs(model, source: list[int], target: list[int]) -> torch.Tensor:
+    """Each target token's log-probability from the search's incremental steps, one sentence
+    alone: another path than the batched teacher forcing that scores references."""
+    with torch.no_grad():
+        encoder_out, cache = model.encode(torch.tensor([source])), model.new_cache()
+        return torch.stack([model.decode_step(torch.tensor([[EOS_ID] + target[:j]]), encoder_out, cache)[0, token]
+                            for j, token in enumerate(target)]).float()
+
+
+def test_alignment_lines_follow_each_p_line_and_come_from_attention(workspace):
+    """Hard pairs: each target token but </s> with a source token (never its </s>); soft: each
+    token's attention over the source, which sums to one, and whose largest entry (</s> left
+    out) is the hard pair's source."""
+    data_bin, checkpoint = workspace
+    src = IndexedDataset(data_bin / "test.src-tgt.src")
+    hard = generate(data_bin, checkpoint, "--beam", "3", "--nbest", "2", "--print-alignment").stdout
+    soft = generate(data_bin, checkpoint, "--beam", "3", "--nbest", "2", "--print-alignment", "soft").stdout
+    kinds = [line[0] for line in hard.splitlines() if re.match(r"^[HDPA]-", line)]
+    assert kinds == list("HDPA") * 8
+    assert [line for line in soft.splitlines() if line[0] != "A"] == [line for line in hard.splitlines() if line[0] != "A"]
+    for i, lines in sentences(hard).items():
+        source_length = len(src[i])
+        for h, pairs, attention in zip(lines["H"], lines["A"], sentences(soft)[i]["A"]):
+            tokens = len(h.split("\t")[1].split())
+            rows = [[float(p) for p in row.split(",")] for row in attention.split()]
+            assert len(rows) == tokens + 1 and all(len(row) == source_length for row in rows)  # </s> on both sides
+            assert all(sum(row) == pytest.approx(1, abs=1e-5) for row in rows)
+            expected = [f"{max(range(source_length - 1), key=row.__getitem__)}-{t}" for t, row in enumerate(rows[:-1])]
+            assert pairs.split() == expected
+    quiet = generate(data_bin, checkpoint, "--print-alignment", "--quiet").stdout
+    assert len(quiet.splitlines()) == 1
+
+
+def test_hard_alignment_text_is_fairseqs():
+    """`src-tgt` per target token; fairseq's `extract_hard_alignment` gives no pairs for a source
+    of `</s>` alone, nor for a hypothesis of `</s>` alone."""
+    assert hard_alignment_text([2, 0, 1], source_length=4) == "2-0 0-1 1-2"
+    assert hard_alignment_text([0, 0], source_length=1) == ""
+    assert hard_alignment_text([], source_length=5) == ""
 
 
 def test_sentences_come_in_fairseqs_batch_order(workspace):
@@ -258,6 +297,7 @@ def test_bad_input_is_one_error_line(workspace, tmp_path):
         (["--gen-subset", "test7"], ("no 'test7' split",)),
         (["-s", "xx", "-t", "tgt"], ("no language 'xx'",)),
         (["--remove-bpe", "bogus"], ("--remove-bpe must be one of",)),
+        (["--print-alignment", "soft", "--score-reference"], ("--print-alignment soft with --score-reference",)),
         (["--fp16"], ("--fp16 needs a GPU",)),
     ]
     for args, fragments in cases:
@@ -340,8 +380,8 @@ def fairseq_run(fairseq_python, tmp_path_factory) -> dict:
 
 
 def fairseq_lines(text: str) -> list[str]:
-    """The lines both print the same: S-, T-, H-, D-, P- and the BLEU line (fairseq's output also holds its logs)."""
-    return [line for line in text.splitlines() if re.match(r"^[STHDP]-\d+\t|^Generate ", line)]
+    """The lines both print the same: S-, T-, H-, D-, P-, A- and the BLEU line (fairseq's output also holds its logs)."""
+    return [line for line in text.splitlines() if re.match(r"^[STHDPA]-\d+\t|^Generate ", line)]
 
 
 def assert_same_output(ours: list[str], theirs: list[str]) -> None:
@@ -358,6 +398,10 @@ def assert_same_output(ours: list[str], theirs: list[str]) -> None:
             a, b = mine.split("\t"), reference.split("\t")
             assert a[0] == b[0]
             assert [float(x) for x in a[1].split()] == pytest.approx([float(x) for x in b[1].split()], abs=2e-4)
+        elif kind == "A" and "," in reference:  # soft: probabilities with 6 decimals
+            a, b = mine.split("\t"), reference.split("\t")
+            assert a[0] == b[0] and [len(row.split(",")) for row in a[1].split()] == [len(row.split(",")) for row in b[1].split()]
+            assert [float(x) for x in re.split("[ ,]", a[1])] == pytest.approx([float(x) for x in re.split("[ ,]", b[1])], abs=2e-6)
         else:
             assert mine == reference
 
@@ -371,7 +415,11 @@ def assert_same_output(ours: list[str], theirs: list[str]) -> None:
     ("--beam", "5", "--max-len-b", "7", "--remove-bpe", "--quiet"),
     ("--beam", "2", "--scoring", "sacrebleu", "--remove-bpe", "--max-sentences", "24"),
     ("--score-reference", "--batch-size", "16"),
-], ids=["ids-bleu", "nbest-remove-bpe", "quiet-short", "sacrebleu", "score-reference"])
+    ("--beam", "4", "--nbest", "2", "--batch-size", "16", "--print-alignment"),
+    ("--beam", "3", "--batch-size", "16", "--print-alignment", "soft", "--remove-bpe"),
+    ("--score-reference", "--batch-size", "16", "--print-alignment", "hard"),
+], ids=["ids-bleu", "nbest-remove-bpe", "quiet-short", "sacrebleu", "score-reference", "alignment-nbest",
+        "alignment-soft", "score-reference-alignment"])
 def test_generate_prints_what_fairseq_generate_prints(fairseq_run, flags):
     theirs = fairseq(fairseq_run["python"], "generate", fairseq_run["data_bin"], "--path", fairseq_run["checkpoint"],
                      "--gen-subset", "test", "--cpu", *flags)
@@ -382,6 +430,35 @@ def test_generate_prints_what_fairseq_generate_prints(fairseq_run, flags):
     if "--quiet" not in flags:
         assert len(fairseq_lines(ours)) > TEST_PAIRS * 5
         assert any("<unk>" in line for line in fairseq_lines(ours) if line.startswith("S-"))
+    if "--print-alignment" in flags:
+        nbest = int(flags[flags.index("--nbest") + 1]) if "--nbest" in flags else 1
+        assert len([line for line in fairseq_lines(ours) if line.startswith("A-")]) == TEST_PAIRS * nbest
+
+
+@pytest.fixture(scope="module")
+def second_model(fairseq_run, tmp_path_factory) -> dict:
+    """Another model for the same data-bin, trained by nmt, and its export as a fairseq checkpoint."""
+    root = tmp_path_factory.mktemp("second_model")
+    result = nmt(["train", fairseq_run["data_bin"], "--save-dir", root / "run", "--arch", "transformer_tiny",
+                  "--max-tokens", "512", "--max-update", "3", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    result = nmt(["export", root / "run" / "checkpoint_last.pt", root / "fairseq", "--format", "fairseq"])
+    assert result.exit_code == 0, result.output
+    return {"nmt": root / "run" / "checkpoint_last.pt", "fairseq": root / "fairseq" / "checkpoint.pt"}
+
+
+@pytest.mark.parametrize("flags", [
+    ("--beam", "3", "--batch-size", "16", "--print-alignment"),
+    ("--score-reference", "--batch-size", "16", "--print-alignment"),
+], ids=["search", "score-reference"])
+def test_an_ensemble_prints_what_fairseq_generate_prints(fairseq_run, second_model, flags):
+    """fairseq's model and one nmt trained: probabilities averaged, the alignment from their averaged attention."""
+    theirs = fairseq(fairseq_run["python"], "generate", fairseq_run["data_bin"], "--path",
+                     f"{fairseq_run['checkpoint']}:{second_model['fairseq']}", "--gen-subset", "test", "--cpu", *flags)
+    ours = generate(fairseq_run["data_bin"], f"{fairseq_run['run'] / 'checkpoint.pt'}:{second_model['nmt']}",
+                    "--gen-subset", "test", *flags, short=False).stdout
+    assert_same_output(fairseq_lines(ours), fairseq_lines(theirs))
+    assert len([line for line in fairseq_lines(ours) if line.startswith("A-")]) == TEST_PAIRS
 
 
 def test_a_data_bin_of_fairseq_preprocess_trains_and_generates(fairseq_run, tmp_path):

@@ -22,7 +22,8 @@ def generate(**params: Any) -> None:
     DATA_BIN is a data-bin of `nmt preprocess` or of `fairseq-preprocess`. Per sentence, in
     fairseq's batch order: S-{id} source, T-{id} target, H-{id} score and hypothesis,
     D-{id} score and detokenized hypothesis (the H- text: fairseq's without --tokenizer/--bpe),
-    P-{id} per-token scores; scores are log-probabilities in base 2. Then
+    P-{id} per-token scores, with --print-alignment A-{id} source-target token pairs;
+    scores are log-probabilities in base 2. Then
     `Generate SUBSET with beam=K: BLEU4 = ...`, and `Translated N sentences ...` on stderr.
     Unlike fairseq 0.12, a last batch smaller than --required-batch-size-multiple is
     decoded too: every sentence gets its lines.

@@ -1,6 +1,6 @@
 """Teacher forcing over given translations: the model's per-token log-probabilities of a
-target (`--score-reference`) and a decoder layer's cross-attention over the source
-(`--print-alignment`).
+target (`--score-reference` of translate and generate) and a decoder layer's
+cross-attention over the source (`--print-alignment`).
 
 Both run the whole target through the model at once, after search or instead of it,
 so plain decoding computes nothing for them. Teacher forcing gives the same numbers
@@ -40,7 +40,7 @@ def token_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Ten
 
     Several models are an ensemble: probabilities averaged, as in search (decode/ensemble.py).
     """
-    models = [models] if isinstance(models, Transformer) else list(models)
+    models = as_models(models)
     prev = previous_tokens(tgt_tokens)
     per_model = []
     for model in models:
@@ -50,10 +50,36 @@ def token_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Ten
     return lprobs.masked_fill(tgt_tokens.eq(PAD_ID), 0.0)
 
 
+def reference_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Tensor,
+                        references: Sequence[Sequence[int]]) -> list[Tensor]:
+    """Each reference's per-token log-probabilities (T_i,), float32 on the CPU, given the
+    sources `src_tokens` (B, S); each reference is an id list ending in `</s>`."""
+    lprobs = token_log_probs(models, src_tokens, pad_rows(references, src_tokens.device)).cpu()
+    return [row[: len(ids)] for row, ids in zip(lprobs, references)]
+
+
+def transformers_of(decoder: object) -> list[Transformer]:
+    """The models of a loaded decoder: an ensemble's (decode/ensemble.py), or the one model."""
+    return list(decoder.models) if hasattr(decoder, "models") else [decoder]  # type: ignore[list-item]
+
+
+def as_models(models: Transformer | Sequence[Transformer]) -> list[Transformer]:
+    return [models] if isinstance(models, Transformer) else list(models)
+
+
 @torch.no_grad()
-def cross_attention(model: Transformer, src_tokens: Tensor, tgt_tokens: Tensor, layer: int) -> Tensor:
+def cross_attention(models: Transformer | Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor,
+                    layer: int) -> Tensor:
     """Decoder layer `layer`'s cross-attention probabilities averaged over heads, (B, T, S):
-    row t is the attention of the position that predicts target token t."""
+    row t is the attention of the position that predicts target token t. A negative `layer`
+    counts from the last. An ensemble's attention is the mean of its models' (each at its
+    own `layer`), as fairseq's ensemble returns it."""
+    models = as_models(models)
+    total = sum(_layer_cross_attention(m, src_tokens, tgt_tokens, layer % len(m.decoder.layers)) for m in models)
+    return total / len(models)
+
+
+def _layer_cross_attention(model: Transformer, src_tokens: Tensor, tgt_tokens: Tensor, layer: int) -> Tensor:
     encoder_out = model.encoder(src_tokens)
     decoder = model.decoder
     x = decoder.embed(previous_tokens(tgt_tokens), None)  # (B, T, D)
@@ -75,11 +101,12 @@ def cross_attention(model: Transformer, src_tokens: Tensor, tgt_tokens: Tensor, 
     raise ValueError(f"layer {layer} is outside the decoder's {len(decoder.layers)} layers")
 
 
-def hard_alignment(model: Transformer, src_tokens: Tensor, tgt_rows: Sequence[Sequence[int]], layer: int) -> list[list[int]]:
+def hard_alignment(models: Transformer | Sequence[Transformer], src_tokens: Tensor, tgt_rows: Sequence[Sequence[int]],
+                   layer: int) -> list[list[int]]:
     """For each target (an id list ending in `</s>`) of the sources `src_tokens` (N, S), the
     source position each of its tokens but the `</s>` attends most in decoder layer
     `layer` (fairseq's hard alignment); the source's `</s>` and pads are never chosen."""
-    attention = cross_attention(model, src_tokens, pad_rows(tgt_rows, src_tokens.device), layer)  # (N, T, S)
+    attention = cross_attention(models, src_tokens, pad_rows(tgt_rows, src_tokens.device), layer)  # (N, T, S)
     lengths = src_tokens.ne(PAD_ID).sum(dim=1, keepdim=True)
     words = torch.arange(src_tokens.size(1), device=src_tokens.device) < lengths - 1  # (N, S)
     best = attention.masked_fill(words.logical_not().unsqueeze(1), -math.inf).argmax(dim=-1).cpu()  # (N, T)

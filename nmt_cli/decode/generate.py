@@ -2,10 +2,11 @@
 
 For each sentence, in fairseq's order (batches of the length-sorted split, each batch
 longest source first): `S-{id}` source, `T-{id}` target, then per hypothesis
-`H-{id}\\t{score}\\t{text}`, `D-{id}\\t{score}\\t{detokenized text}` and `P-{id}\\t{per-token
-scores}`, scores in base 2 as fairseq prints them. `{id}` is the sentence's position in
-the split. At the end: `Generate {subset} with beam={K}: BLEU4 = ...` (fairseq's BLEU, or
-sacreBLEU's), and on stderr, where fairseq logs it, `Translated N sentences (M tokens) in ...`.
+`H-{id}\\t{score}\\t{text}`, `D-{id}\\t{score}\\t{detokenized text}`, `P-{id}\\t{per-token
+scores}` and with `--print-alignment` `A-{id}\\t{alignment}` (`alignment_texts`), scores
+in base 2 as fairseq prints them. `{id}` is the sentence's position in the split. At the
+end: `Generate {subset} with beam={K}: BLEU4 = ...` (fairseq's BLEU, or sacreBLEU's), and
+on stderr, where fairseq logs it, `Translated N sentences (M tokens) in ...`.
 
 Batches are cut as fairseq's `batch_by_size` cuts them (`fairseq_batches`), with one
 difference: fairseq 0.12 drops a last batch whose size is not a multiple of
@@ -28,10 +29,10 @@ import numpy as np
 import torch
 
 from nmt_cli.config import GENERATE_MAX_TOKENS, GenerateConfig
-from nmt_cli.data.dictionary import BOS_ID, EOS_ID, UNK, UNK_ID, Dictionary
+from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK, UNK_ID, Dictionary
 from nmt_cli.data.pairs import PairDataset, load_data_bin, padded_rows
 from nmt_cli.decode.loading import LoadedModels, load_models
-from nmt_cli.decode.reference_scores import score_references
+from nmt_cli.decode.forced import cross_attention, hard_alignment, pad_rows, reference_log_probs, transformers_of
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
@@ -185,9 +186,10 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
             src_tokens = torch.from_numpy(src_rows).to(device)
             if cfg.score_reference:
                 targets = [[int(i) for i in tgt_rows[row, : tgt_lengths[row]]] for row in range(len(ids))]
-                hypotheses = [[h] for h in score_references(models.decoder, src_tokens, targets)]
+                hypotheses = scored_references(models, src_tokens, targets)
             else:
                 hypotheses = generate(models.decoder, src_tokens, cfg.decode, models.max_target_positions, sampler)
+            alignments = alignment_texts(cfg, models, src_tokens, hypotheses)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - started
@@ -195,7 +197,7 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
         for row, sentence in enumerate(ids):
             source = [int(i) for i in src_rows[row, : src_lengths[row]]]
             target = [int(i) for i in tgt_rows[row, : tgt_lengths[row]]]
-            write_sentence(out, cfg, models, int(sentence), source, target, hypotheses[row], bleu,
+            write_sentence(out, cfg, models, int(sentence), source, target, hypotheses[row], alignments[row], bleu,
                            sacre_refs, sacre_hyps)
     if cfg.scoring == "sacrebleu":
         bleu_line = sacrebleu_result(sacre_hyps, sacre_refs)
@@ -206,8 +208,57 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
     return summary
 
 
+def scored_references(models: LoadedModels, src_tokens: torch.Tensor, targets: list[list[int]]) -> list[list[Hypothesis]]:
+    """`--score-reference`, as fairseq's SequenceScorer: each target (ids ending in `</s>`) by
+    teacher forcing, its score the mean of its tokens' log-probabilities (no length penalty)."""
+    per_token = reference_log_probs(transformers_of(models.decoder), src_tokens, targets)
+    return [[Hypothesis(ids, float(lprobs.sum() / len(ids)), lprobs.tolist())] for ids, lprobs in zip(targets, per_token)]
+
+
+# fairseq's alignment layer of a standard transformer: the last decoder layer.
+ALIGNMENT_LAYER = -1
+
+
+def alignment_texts(cfg: GenerateConfig, models: LoadedModels, src_tokens: torch.Tensor,
+                    hypotheses: list[list[Hypothesis]]) -> list[list[str]]:
+    """Per sentence, the A- text of each hypothesis it prints (none without --print-alignment):
+    the attention its tokens had, by teacher forcing, as fairseq's `extract_hard_alignment`
+    and `extract_soft_alignment` turn it into text."""
+    if cfg.print_alignment is None or cfg.quiet:
+        return [[] for _ in hypotheses]
+    printed = [(row, hyp.tokens) for row, hyps in enumerate(hypotheses) for hyp in hyps[: cfg.decode.nbest]]
+    if not printed:
+        return [[] for _ in hypotheses]
+    ensemble = transformers_of(models.decoder)
+    sources = src_tokens[torch.tensor([row for row, _ in printed], device=src_tokens.device)]
+    targets = [tokens for _, tokens in printed]
+    source_lengths = sources.ne(PAD_ID).sum(dim=1).tolist()
+    if cfg.print_alignment == "hard":
+        positions = hard_alignment(ensemble, sources, targets, ALIGNMENT_LAYER)
+        texts = [hard_alignment_text(p, n) for p, n in zip(positions, source_lengths)]
+    else:
+        attention = cross_attention(ensemble, sources, pad_rows(targets, src_tokens.device), ALIGNMENT_LAYER).cpu()
+        texts = [soft_alignment_text(a[: len(t), :n]) for a, t, n in zip(attention, targets, source_lengths)]
+    out: list[list[str]] = [[] for _ in hypotheses]
+    for (row, _), text in zip(printed, texts):
+        out[row].append(text)
+    return out
+
+
+def hard_alignment_text(source_positions: list[int], source_length: int) -> str:
+    """`src-tgt` pairs of token positions, 0-based; none for a source of `</s>` alone, as fairseq."""
+    if source_length <= 1:
+        return ""
+    return " ".join(f"{source}-{target}" for target, source in enumerate(source_positions))
+
+
+def soft_alignment_text(attention: torch.Tensor) -> str:
+    """Per target token (`</s>` included), its attention over the source tokens (`</s>` included)."""
+    return " ".join(",".join(f"{p:.6f}" for p in row) for row in attention.tolist())
+
+
 def write_sentence(out: IO[str], cfg: GenerateConfig, models: LoadedModels, sentence: int, source: list[int],
-                   target: list[int], hypotheses: list[Hypothesis], bleu: FairseqBleu,
+                   target: list[int], hypotheses: list[Hypothesis], alignments: list[str], bleu: FairseqBleu,
                    sacre_refs: list[str], sacre_hyps: list[str]) -> None:
     """One sentence's lines, and its best hypothesis into the BLEU statistics."""
     src_text = pieces_text(models.src_dict, source, cfg.remove_bpe)
@@ -221,6 +272,8 @@ def write_sentence(out: IO[str], cfg: GenerateConfig, models: LoadedModels, sent
             positional = torch.tensor(hyp.positional_scores, dtype=torch.float32).div_(LOG2).tolist()
             out.write(f"H-{sentence}\t{score}\t{hyp_text}\nD-{sentence}\t{score}\t{hyp_text}\n"
                       f"P-{sentence}\t{' '.join(f'{p:.4f}' for p in positional)}\n")
+            if rank < len(alignments):
+                out.write(f"A-{sentence}\t{alignments[rank]}\n")
         if rank == 0:
             if cfg.scoring == "sacrebleu":
                 sacre_refs.append(tgt_text)

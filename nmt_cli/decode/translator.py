@@ -23,7 +23,7 @@ from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.constraints import ConstraintSet
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
-from nmt_cli.decode.forced import hard_alignment, pad_rows, token_log_probs
+from nmt_cli.decode.forced import hard_alignment, reference_log_probs, transformers_of
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.guided import (GuidedLine, format_alignment, parse_line, replace_unknowns, word_alignment,
                                    word_indices)
@@ -274,16 +274,12 @@ class Translator:
         return generate(self.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator,
                         prefix_tokens=prefix, constraints=constraints)
 
-    def _transformers(self) -> list:
-        decoder = self.models.decoder
-        return list(decoder.models) if hasattr(decoder, "models") else [decoder]
-
     def _score_references(self, src_tokens: torch.Tensor, references: list[list[int]]) -> list[list[Hypothesis]]:
         """Each reference as a hypothesis scored by teacher forcing: score = summed log-prob."""
-        lprobs = token_log_probs(self._transformers(), src_tokens, pad_rows(references, self.device)).cpu()
+        per_token = reference_log_probs(transformers_of(self.models.decoder), src_tokens, references)
         out = []
-        for row, ids in zip(lprobs, references):
-            scores = row[: len(ids)].tolist()
+        for ids, lprobs in zip(references, per_token):
+            scores = lprobs.tolist()
             out.append([Hypothesis(ids, float(sum(scores)), scores)])
         return out
 
@@ -293,7 +289,7 @@ class Translator:
         flat = [(b, h) for b, hyps in enumerate(hypotheses) for h in hyps]
         if not flat:
             return
-        model = self._transformers()[0]
+        model = transformers_of(self.models.decoder)[0]
         layers = len(model.decoder.layers)
         layer = self.cfg.guided.alignment_layer
         if not -layers <= layer < layers:

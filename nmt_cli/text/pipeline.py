@@ -73,9 +73,12 @@ class TextPipeline:
         tokenized = self.tokenizer.tokenize(line)
         return self.bpe.encode(tokenized) if self.bpe is not None else tokenized.split()
 
+    def join_pieces(self, pieces: list[str]) -> str:
+        """Pieces -> the tokenized line they segment (BPE removed, not detokenized)."""
+        return self.bpe.decode(pieces) if self.bpe is not None else " ".join(pieces)
+
     def decode(self, pieces: list[str]) -> str:
-        tokenized = self.bpe.decode(pieces) if self.bpe is not None else " ".join(pieces)
-        return self.tokenizer.detokenize(tokenized.split())
+        return self.tokenizer.detokenize(self.join_pieces(pieces).split())
 
 
 SUBWORD_NMT_MARKER = "@@ "

@@ -6,7 +6,10 @@ would encode), batched as translate batches them, searched with `decode/search.g
 turned back into text by the data-bin's pipeline (`text/pipeline.py`), and scored
 against the raw references the data-bin keeps (`preprocess/references.py`) exactly as
 `nmt score` scores them. So the logged BLEU is what `nmt translate` + `nmt score` give
-for the same checkpoint and search settings.
+for the same checkpoint and search settings. With `--eval-tokenized-bleu` (fairseq's)
+the tokenized text is scored instead: hypotheses with their BPE removed but not
+detokenized, references tokenized as preprocessing tokenized the target side, and
+sacreBLEU's tokenize 'none'.
 
 Only the main rank translates; the other ranks receive its scores, so that every rank
 takes the same best-checkpoint and --patience decisions.
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from sacremoses import MosesDetokenizer
 
-from nmt_cli.config import EVAL_BLEU_DETOK, TrainConfig
+from nmt_cli.config import EVAL_BLEU_DETOK, EVAL_BLEU_REMOVE_BPE, TrainConfig
 from nmt_cli.data.dictionary import EOS_ID
 from nmt_cli.data.pairs import DataBin, PairDataset
 from nmt_cli.decode.search import check_beam_fits, generate
@@ -30,7 +33,7 @@ from nmt_cli.decode.translator import make_batches, pad_batch
 from nmt_cli.errors import NmtError
 from nmt_cli.preprocess.references import read_references
 from nmt_cli.scoring.sacre import build_metrics
-from nmt_cli.text.pipeline import PresegmentedPieces, TextPipeline
+from nmt_cli.text.pipeline import SENTENCEPIECE_MARKER, SUBWORD_NMT_MARKER, PresegmentedPieces, TextPipeline
 from nmt_cli.train import distributed
 from nmt_cli.train.distributed import DistInfo
 
@@ -61,6 +64,43 @@ def detokenizer_name(data: DataBin) -> str:
     return str(tokenizer.get("name", "moses"))
 
 
+def target_segmentation(meta: dict) -> str:
+    """How the data-bin's target pieces are marked, by fairseq's --post-process name:
+    subword_nmt (`@@ `), sentencepiece (`▁`) or none (whole words)."""
+    bpe = meta.get("bpe")
+    if bpe:
+        return "subword_nmt" if bpe.get("type") == "subword_nmt" else "sentencepiece"
+    return {SUBWORD_NMT_MARKER: "subword_nmt", SENTENCEPIECE_MARKER: "sentencepiece"}.get(
+        meta.get("segmented_input"), "none")
+
+
+# How the refusal of a contradicting --eval-bleu-remove-bpe names each segmentation, and the value that fits it.
+SEGMENTATIONS = {"subword_nmt": ("subword-nmt pieces ('@@ ')", "--eval-bleu-remove-bpe alone ('@@ ')"),
+                 "sentencepiece": ("sentencepiece pieces ('▁')", "--eval-bleu-remove-bpe sentencepiece"),
+                 "none": ("whole words (no BPE)", "--eval-bleu-remove-bpe none")}
+
+
+def check_remove_bpe(cfg: TrainConfig, data: DataBin) -> None:
+    """nmt removes the data-bin's own segmentation: a --eval-bleu-remove-bpe naming another is refused."""
+    if cfg.eval_bleu_remove_bpe is None:
+        return
+    own = target_segmentation(data.meta)
+    if EVAL_BLEU_REMOVE_BPE[cfg.eval_bleu_remove_bpe] != own:
+        described, fitting = SEGMENTATIONS[own]
+        given = "alone ('@@ ')" if cfg.eval_bleu_remove_bpe == "@@ " else repr(cfg.eval_bleu_remove_bpe)
+        raise NmtError(f"--eval-bleu-remove-bpe {given}: the target side of {data.path} is {described}, which nmt "
+                       f"removes as it was made; give {fitting} or drop the flag")
+
+
+def check_detok_languages(cfg: TrainConfig, data: DataBin) -> None:
+    """--eval-bleu-detok-args may name only the data-bin's own languages."""
+    own = {"source_lang": data.source_lang, "target_lang": data.target_lang}
+    for key, lang in cfg.eval_bleu_detok_languages().items():
+        if lang != own[key]:
+            raise NmtError(f"--eval-bleu-detok-args: {key} {lang!r} is not the {key.split('_')[0]} language of "
+                           f"{data.path} ({own[key]!r}); nmt detokenizes the data-bin's target language")
+
+
 class ValidBleu:
     """Everything --eval-bleu needs, loaded and checked once at the start of training."""
 
@@ -77,28 +117,38 @@ class ValidBleu:
         if len(references) != len(split):
             raise NmtError(f"--eval-bleu: the references of '{cfg.valid_subset}' in {data.path} have "
                            f"{len(references)} lines, the binarized split {len(split)} sentences")
+        check_remove_bpe(cfg, data)
+        check_detok_languages(cfg, data)
         detok = detokenizer_name(data)
         segmented = data.meta.get("segmented_input")
+        # --eval-tokenized-bleu scores the tokenized text, unless --eval-bleu-detok moses asks for
+        # it detokenized (fairseq detokenizes, then scores without tokenizing).
+        self.tokenized = cfg.eval_tokenized_bleu and cfg.eval_bleu_detok != "moses"
         # Text that came tokenized and segmented (fairseq's IWSLT14 recipe): its pieces are
         # joined, and --eval-bleu-detok moses detokenizes them, on both sides, as fairseq does.
         self.moses: MosesDetokenizer | None = None
+        applied = "none" if self.tokenized else detok  # the detokenizer nmt applies
         if segmented and detok == "none" and cfg.eval_bleu_detok == "moses":
             self.moses = MosesDetokenizer(lang=data.target_lang)
-        elif cfg.eval_bleu_detok is not None and EVAL_BLEU_DETOK[cfg.eval_bleu_detok] != detok:
+        elif cfg.eval_bleu_detok is not None and EVAL_BLEU_DETOK[cfg.eval_bleu_detok] != applied:
             raise NmtError(f"--eval-bleu-detok {cfg.eval_bleu_detok}: {data.path} was tokenized with {detok}, and "
                            "nmt detokenizes as its data-bin says; drop the flag")
+        self.pipeline = TextPipeline.from_data_bin(data.path, data.target_lang)
         count = min(cfg.eval_bleu_subset_lines or len(split), len(split))
         self.references = [line.rstrip() for line in references[:count]]  # as `nmt score` reads them
         if segmented:
             pieces = PresegmentedPieces(segmented)
             self.references = [self._detokenized(pieces.decode(line.split())) for line in self.references]
+        elif self.tokenized:
+            self.references = [self.pipeline.tokenizer.tokenize(line) for line in self.references]
         self.sources = [_fit(split.src[i].tolist(), max_source_positions) for i in range(count)]
         self.max_target_positions = max_target_positions
-        self.pipeline = TextPipeline.from_data_bin(data.path, data.target_lang)
         self.tgt_dict = data.tgt_dict
         names = ["bleu", "chrf"] if cfg.eval_bleu_chrf or cfg.best_checkpoint_metric == "chrf" else ["bleu"]
-        # sacreBLEU's defaults, those of `nmt score`: 13a tokenization, mixed case.
-        self.metrics = build_metrics(names, [self.references], tokenize="13a", lowercase=False, sentence_level=False)
+        # sacreBLEU's defaults, those of `nmt score` (13a tokenization, mixed case); fairseq's
+        # --eval-tokenized-bleu scores the text's own tokens.
+        tokenize = "none" if cfg.eval_tokenized_bleu else "13a"
+        self.metrics = build_metrics(names, [self.references], tokenize=tokenize, lowercase=False, sentence_level=False)
 
     @torch.no_grad()
     def translate(self, model: torch.nn.Module, device: torch.device,
@@ -115,10 +165,16 @@ class ValidBleu:
                                  self.max_target_positions)
             for i, hyps in zip(items, found):
                 if hyps:
-                    text = self._detokenized(self.pipeline.decode(self.tgt_dict.decode(hyps[0].tokens)))
+                    text = self._text(self.tgt_dict.decode(hyps[0].tokens))
                     hypotheses[i] = " ".join(text.splitlines()).rstrip()  # one line, as score reads it
         model.train(was_training)
         return hypotheses
+
+    def _text(self, pieces: list[str]) -> str:
+        """A hypothesis' pieces as the text that is scored."""
+        if self.tokenized:
+            return self.pipeline.join_pieces(pieces)
+        return self._detokenized(self.pipeline.decode(pieces))
 
     def _detokenized(self, text: str) -> str:
         return self.moses.detokenize(text.split(), return_str=True) if self.moses is not None else text
