@@ -26,7 +26,7 @@ import torch
 
 from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, model_checkpoint, save_checkpoint
 from nmt_cli.config import ModelConfig
-from nmt_cli.data.dictionary import BOS, EOS, PAD, SPECIALS, UNK
+from nmt_cli.data.dictionary import EOS, PAD, SPECIALS, UNK
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.marian.weights import read_model_weights
 from nmt_cli.models.registry import build_model
@@ -206,8 +206,8 @@ def _language(tokenizer_config: dict[str, Any], key: str) -> str | None:
 def read_vocabulary(path: Path, special: dict[str, str]) -> Vocabulary:
     """vocab.json (piece -> id, ids 0..N-1 once each) and the nmt dictionary it becomes."""
     entries = read_json(path)
-    ids = sorted(entries.values(), key=lambda i: (not isinstance(i, int), i if isinstance(i, int) else 0))
-    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or ids != list(range(len(ids))):
+    ids = list(entries.values())
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or sorted(ids) != list(range(len(ids))):
         raise NmtError(f"{path}: the ids must be the integers 0 to {len(entries) - 1}, each once")
     for name, token in special.items():
         if token not in entries:
@@ -215,10 +215,9 @@ def read_vocabulary(path: Path, special: dict[str, str]) -> Vocabulary:
     for piece in entries:
         if not piece or any(c.isspace() for c in piece):
             raise NmtError(f"{path}: piece {piece!r} is empty or holds whitespace, which a dictionary line cannot hold")
-    marian_ids = dict(entries)
     # Marian's own specials take nmt's special ids; `<s>` is there only if Marian has it.
     renamed = {special["eos"]: EOS, special["unk"]: UNK, special["pad"]: PAD}
-    marian_ids = {renamed.get(piece, piece): i for piece, i in marian_ids.items()}
+    marian_ids = {renamed.get(piece, piece): i for piece, i in entries.items()}
     rest = [piece for piece, _ in sorted(marian_ids.items(), key=lambda item: item[1]) if piece not in SPECIALS]
     return Vocabulary(path, marian_ids, [*SPECIALS, *rest])
 
