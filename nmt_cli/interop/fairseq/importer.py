@@ -26,6 +26,7 @@ from nmt_cli.interop.fairseq.checkpoint import (
     model_config_from_args,
     recorded_language,
 )
+from nmt_cli.interop.imported import ImportResult
 from nmt_cli.models.registry import build_model
 from nmt_cli.options import flag_option, option
 from nmt_cli.run_lock import directory_lock
@@ -181,12 +182,6 @@ class ImportConfig:
     # Replace an out_dir that holds anything but this same import.
     force: bool = flag_option(
         "--force", help="Replace an --out directory that holds anything but this same import (its files are deleted).")
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    checkpoint: Path  # the run's checkpoint.pt
-    written: bool  # False when out_dir already held this same import, left as it was
 
 
 def import_fairseq(cfg: ImportConfig) -> ImportResult:

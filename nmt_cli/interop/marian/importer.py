@@ -28,6 +28,7 @@ from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, mo
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import EOS, PAD, SPECIALS, UNK
 from nmt_cli.errors import NmtError
+from nmt_cli.interop.imported import ImportResult
 from nmt_cli.interop.marian.weights import read_model_weights
 from nmt_cli.models.registry import build_model
 from nmt_cli.options import flag_option, option
@@ -57,12 +58,6 @@ class MarianImportConfig:
 
 
 @dataclass(frozen=True)
-class MarianImportResult:
-    checkpoint: Path  # the run's checkpoint.pt
-    written: bool  # False when out_dir already held this same import, left as it was
-
-
-@dataclass(frozen=True)
 class Vocabulary:
     """One side's Marian vocabulary and the nmt ids it gets."""
 
@@ -75,7 +70,7 @@ class Vocabulary:
         return [self.marian_ids.get(symbol) for symbol in self.symbols]
 
 
-def import_marian(cfg: MarianImportConfig) -> MarianImportResult:
+def import_marian(cfg: MarianImportConfig) -> ImportResult:
     """Write `cfg.out_dir` (checkpoint.pt, meta.json, dictionaries, sentencepiece models) as a whole."""
     directory = cfg.model_dir
     if not directory.is_dir():
@@ -109,7 +104,7 @@ def import_marian(cfg: MarianImportConfig) -> MarianImportResult:
     if check_destination(cfg.out_dir, "--out", print_id, cfg.force, recorded_at=("imported_from", "fingerprint"),
                          names={"checkpoint.pt", "meta.json", *spm_files, *dict_names},
                          others="files other than this import's (e.g. an nmt run, or another import)"):
-        return MarianImportResult(checkpoint_path, written=False)
+        return ImportResult(checkpoint_path, written=False)
     refuse_inputs_inside(inputs, cfg.out_dir, "--out")
 
     weights, sharing = convert_weights(strip_model_prefix(read_model_weights(directory)), config, src_vocab,
@@ -134,7 +129,7 @@ def import_marian(cfg: MarianImportConfig) -> MarianImportResult:
 
     with directory_lock(cfg.out_dir, "--out"):
         build_then_publish(cfg.out_dir, write, lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
-    return MarianImportResult(checkpoint_path, written=True)
+    return ImportResult(checkpoint_path, written=True)
 
 
 # ---------------------------------------------------------------------------
