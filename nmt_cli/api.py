@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nmt_cli.checkpoints.names import BEST, LAST
+from nmt_cli.checkpoints.names import resolve_checkpoint
 from nmt_cli.config import DecodeConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 
@@ -56,19 +56,6 @@ class Result:
     @property
     def score(self) -> float | None:
         return self.hypotheses[0].score if self.hypotheses else None
-
-
-def resolve_checkpoint(path: str | Path) -> str:
-    """A checkpoint file as given, or a run directory's best checkpoint (else its last)."""
-    path = Path(path)
-    if path.is_dir():
-        for name in (BEST, LAST):
-            if (path / name).is_file():
-                return str(path / name)
-        raise NmtError(f"{path} is a directory without {BEST} or {LAST}; pass a checkpoint file")
-    if not path.exists():
-        raise NmtError(f"{path} not found (a checkpoint file or a run directory)")
-    return str(path)
 
 
 def check_texts(texts: Any) -> list[str]:
@@ -179,7 +166,7 @@ def load(path: str | Path, *, device: str = "cpu", precision: str = "fp32", thre
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; decoding options: {', '.join(DECODE_OPTIONS)}")
     cfg = TranslateConfig(
-        checkpoints=(resolve_checkpoint(path),), data_bin=data_bin, decode=DecodeConfig(**decode_options),
+        checkpoints=(str(resolve_checkpoint(Path(path))),), data_bin=data_bin, decode=DecodeConfig(**decode_options),
         max_tokens=max_tokens, batch_size=batch_size, device=device, threads=threads, precision=precision,
     )
     return Model(cfg, warn)

@@ -291,6 +291,29 @@ def test_broken_files_are_one_error_line(hand_model, tmp_path):
     assert result.exit_code == 1 and "decoder.layers.0.fc2.bias is missing" in result.output
 
 
+def test_sharded_safetensors_read_as_one_file(hand_model, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in os.listdir(hand_model):
+        if name != "model.safetensors":
+            (model / name).write_bytes((hand_model / name).read_bytes())
+    weights = read_safetensors(hand_model / "model.safetensors")
+    names = sorted(weights)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, shard_names in halves.items():
+        write_safetensors(model / shard, {name: weights[name] for name in shard_names})
+    index = {"weight_map": {name: shard for shard, shard_names in halves.items() for name in shard_names}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    assert nmt("import-marian", model, "--out", tmp_path / "sharded").exit_code == 0
+    assert nmt("import-marian", hand_model, "--out", tmp_path / "single").exit_code == 0
+    sharded = load_checkpoint(tmp_path / "sharded" / "checkpoint.pt")["model"]
+    single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")["model"]
+    assert sharded.keys() == single.keys() and all(torch.equal(sharded[k], single[k]) for k in single)
+    (model / "model-00002-of-00002.safetensors").unlink()
+    result = nmt("import-marian", model, "--out", tmp_path / "broken")
+    assert result.exit_code == 1 and "lists the shard model-00002-of-00002.safetensors" in result.output
+
+
 def test_pytorch_model_bin_is_read_without_running_its_code(hand_model, tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -9,6 +9,9 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+from nmt_cli.errors import NmtError
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
 EPOCH_NAME = re.compile(r"checkpoint(\d+)\.pt")
@@ -53,3 +56,15 @@ def is_numbered(name: str) -> bool:
 def is_training_checkpoint(name: str) -> bool:
     """Any checkpoint that training writes: last, best, numbered or scored best."""
     return name in (LAST, BEST) or is_numbered(name) or is_scored_best(name)
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint file: `path` itself, or a run directory's checkpoint_best.pt (else checkpoint_last.pt)."""
+    if path.is_dir():
+        for name in (BEST, LAST):
+            if (path / name).is_file():
+                return path / name
+        raise NmtError(f"{path} is a directory without {BEST} or {LAST}: pass a checkpoint file")
+    if not path.is_file():
+        raise NmtError(f"checkpoint not found: {path}")
+    return path

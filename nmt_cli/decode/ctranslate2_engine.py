@@ -172,7 +172,8 @@ def model_directory(path: Path, warn: Callable[[str], None], quiet: bool) -> Pat
     if path.is_dir() and (path / EXPORT_INFO).is_file():
         return path
     from nmt_cli.interop.export import export_fingerprint
-    from nmt_cli.interop.source import load_export_source, resolve_checkpoint
+    from nmt_cli.checkpoints.names import resolve_checkpoint
+    from nmt_cli.interop.source import load_export_source
 
     checkpoint = resolve_checkpoint(path)
     cache = cache_directory(checkpoint)

@@ -18,7 +18,7 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.checkpoints.format import load_checkpoint
-from nmt_cli.checkpoints.names import BEST, LAST
+from nmt_cli.checkpoints.names import resolve_checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.meta import read_meta
@@ -43,18 +43,6 @@ class ExportSource:
     target_lang: str
     num_updates: int
     text_files: list[Path]  # meta.json and the BPE model(s) it names; empty when the run has none
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint file: `path` itself, or a run directory's checkpoint_best.pt (else checkpoint_last.pt)."""
-    if path.is_dir():
-        for name in (BEST, LAST):
-            if (path / name).is_file():
-                return path / name
-        raise NmtError(f"{path} is a directory without {BEST} or {LAST}: pass a checkpoint file")
-    if not path.is_file():
-        raise NmtError(f"checkpoint not found: {path}")
-    return path
 
 
 def load_export_source(path: Path) -> ExportSource:

@@ -29,7 +29,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import EOS, PAD, SPECIALS, UNK
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.imported import ImportResult
-from nmt_cli.interop.marian.weights import read_model_weights
+from nmt_cli.interop.marian.weights import read_model_weights, weight_files
 from nmt_cli.models.registry import build_model
 from nmt_cli.options import flag_option, option
 from nmt_cli.run_lock import directory_lock
@@ -95,7 +95,8 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
     for path in spm_files.values():
         BpeModel(path)  # a missing or broken model is refused now, not at translation
 
-    inputs = [directory / "config.json", src_vocab.path, tgt_vocab.path, *spm_files.values(), *weight_files(directory)]
+    weight_paths = weight_files(directory)
+    inputs = [directory / "config.json", src_vocab.path, tgt_vocab.path, *spm_files.values(), *weight_paths]
     if tokenizer_config:
         inputs.append(directory / "tokenizer_config.json")
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
@@ -107,7 +108,7 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
         return ImportResult(checkpoint_path, written=False)
     refuse_inputs_inside(inputs, cfg.out_dir, "--out")
 
-    weights, sharing = convert_weights(strip_model_prefix(read_model_weights(directory)), config, src_vocab,
+    weights, sharing = convert_weights(strip_model_prefix(read_model_weights(weight_paths)), config, src_vocab,
                                        tgt_vocab, directory)
     model_cfg = model_config(config, sharing)
     # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
@@ -230,14 +231,6 @@ def check_special_ids(config: dict[str, Any], vocab: Vocabulary, special: dict[s
 # Weights
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The files `read_model_weights` reads (for the import's fingerprint)."""
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-        if (directory / name).is_file():
-            return [directory / name]
-    return []
-
-
 def strip_model_prefix(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """MarianMTModel's names (`model.encoder...`, `lm_head`, `final_logits_bias`) without `model.`."""
     return {key.removeprefix("model."): value for key, value in weights.items()}
@@ -278,8 +271,7 @@ def convert_weights(source: dict[str, torch.Tensor], config: dict[str, Any], src
     src_embed = first_of("encoder.embed_tokens.weight", "shared.weight")
     tgt_embed = first_of("decoder.embed_tokens.weight", *(["shared.weight"] if joined else []), "lm_head.weight")
     output = first_of("lm_head.weight", "decoder.embed_tokens.weight", *(["shared.weight"] if joined else []))
-    if "shared.weight" in source:
-        take("shared.weight")  # what the embeddings were tied to; nmt's sharing follows the values
+    used.add("shared.weight")  # what the embeddings were tied to; nmt's sharing follows the values
     decoder_output = torch.equal(tgt_embed, output)
     sharing = Sharing(all=joined and decoder_output and torch.equal(src_embed, tgt_embed), decoder_output=decoder_output)
     bias = take("final_logits_bias").reshape(-1) if "final_logits_bias" in source else torch.zeros(output.size(0))
@@ -291,10 +283,13 @@ def convert_weights(source: dict[str, torch.Tensor], config: dict[str, Any], src
 
     out: dict[str, torch.Tensor] = {}
     rows = tgt_vocab.rows()
-    out["encoder.embed_tokens.weight"] = permute_rows(src_embed, src_vocab.rows())
+    # A matrix that is one in the model is permuted once (nmt ties them again as it loads).
     out["decoder.embed_tokens.weight"] = permute_rows(tgt_embed, rows)
-    out["decoder.output_projection.weight"] = permute_rows(output, rows)
-    out["decoder.output_projection.bias"] = torch.stack([bias[i] if i is not None else torch.tensor(NEVER) for i in rows])
+    out["encoder.embed_tokens.weight"] = (out["decoder.embed_tokens.weight"] if sharing.all
+                                          else permute_rows(src_embed, src_vocab.rows()))
+    out["decoder.output_projection.weight"] = (out["decoder.embed_tokens.weight"] if decoder_output
+                                               else permute_rows(output, rows))
+    out["decoder.output_projection.bias"] = permute_rows(bias.unsqueeze(1), rows, fill=NEVER).squeeze(1)
     start_id = config.get("decoder_start_token_id", config.get("pad_token_id", tgt_vocab.marian_ids[PAD]))
     if not (isinstance(start_id, int) and 0 <= start_id < tgt_embed.size(0)):
         raise NmtError(f"{origin}: decoder_start_token_id {start_id!r} is not an id of the target vocabulary")
@@ -329,9 +324,9 @@ def _check_rows(matrix: torch.Tensor, vocab: Vocabulary, what: str, origin: Path
                        f"has {len(vocab.marian_ids)} pieces")
 
 
-def permute_rows(matrix: torch.Tensor, rows: list[int | None]) -> torch.Tensor:
-    """Row i of the result is `matrix[rows[i]]`, or zeros where rows[i] is None."""
-    out = torch.zeros(len(rows), matrix.size(1), dtype=matrix.dtype)
+def permute_rows(matrix: torch.Tensor, rows: list[int | None], fill: float = 0.0) -> torch.Tensor:
+    """Row i of the result is `matrix[rows[i]]`, or `fill` where rows[i] is None."""
+    out = torch.full((len(rows), matrix.size(1)), fill, dtype=matrix.dtype)
     present = [i for i, row in enumerate(rows) if row is not None]
     out[present] = matrix[[rows[i] for i in present]]
     return out

@@ -25,20 +25,33 @@ SAFETENSORS_DTYPES = {
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit on the JSON header
 
 
-def read_model_weights(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the model in `directory`, by its Hugging Face name."""
-    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+def weight_files(directory: Path) -> list[Path]:
+    """The files of the model in `directory`: model.safetensors, or model.safetensors.index.json
+    and the shards it lists, or pytorch_model.bin."""
+    single, index, pickled = (directory / name for name in
+                              ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"))
     if single.is_file():
-        return read_safetensors(single)
+        return [single]
     if index.is_file():
-        weights: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(_weight_map(index).values())):
-            weights.update(read_safetensors(directory / shard))
-        return weights
-    pickled = directory / "pytorch_model.bin"
+        shards = [directory / name for name in sorted(set(_weight_map(index).values()))]
+        missing = next((shard for shard in shards if not shard.is_file()), None)
+        if missing is not None:
+            raise NmtError(f"{index} lists the shard {missing.name}, which is not in {directory}")
+        return [index, *shards]
     if pickled.is_file():
-        return read_pickled_weights(pickled)
+        return [pickled]
     raise NmtError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {directory}")
+
+
+def read_model_weights(files: list[Path]) -> dict[str, torch.Tensor]:
+    """Every tensor in the `weight_files` of a model, by its Hugging Face name."""
+    weights: dict[str, torch.Tensor] = {}
+    for path in files:
+        if path.suffix == ".safetensors":
+            weights.update(read_safetensors(path))
+        elif path.suffix == ".bin":
+            weights.update(read_pickled_weights(path))
+    return weights
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
