@@ -32,6 +32,8 @@ from pathlib import Path
 
 from common import machine_line, result_line
 
+from nmt_cli.checkpoints.names import resolve_checkpoint
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -56,7 +58,7 @@ def nmt_command() -> list[str]:
 
 def batch_job(args: argparse.Namespace, sentences: list[str], *more_flags: str) -> tuple[float, list[str]]:
     """sentences/s of `nmt translate` on all the sentences, its start-up (one line) left out."""
-    flags = ["--path", checkpoint_of(args.path), "--beam", str(args.beam), "--threads", str(args.threads),
+    flags = ["--path", str(resolve_checkpoint(Path(args.path))), "--beam", str(args.beam), "--threads", str(args.threads),
              "--device", "cpu", "--quiet", *more_flags]
     with tempfile.TemporaryDirectory() as tmp:
         def timed(lines: list[str]) -> tuple[float, list[str]]:
@@ -69,13 +71,6 @@ def batch_job(args: argparse.Namespace, sentences: list[str], *more_flags: str) 
         startup, _ = timed(sentences[:1])
         seconds, hypotheses = timed(sentences)
     return len(sentences) / max(seconds - startup, 1e-9), hypotheses
-
-
-def checkpoint_of(path: str) -> str:
-    p = Path(path)
-    if p.is_dir():
-        return str(p / "checkpoint_best.pt") if (p / "checkpoint_best.pt").is_file() else str(p / "checkpoint_last.pt")
-    return path
 
 
 class Server:
@@ -125,7 +120,7 @@ class Level:
     seconds: float = 0.0
 
 
-def run_level(port: int, clients: int, sentences: list[str], expected: list[str], count: int, max_seconds: float) -> Level:
+def run_level(port: int, clients: int, sentences: list[str], expected: list[str], max_seconds: float) -> Level:
     level, lock, next_index = Level(), threading.Lock(), [0]
     deadline = time.monotonic() + max_seconds
 
@@ -134,11 +129,10 @@ def run_level(port: int, clients: int, sentences: list[str], expected: list[str]
         while time.monotonic() < deadline:
             with lock:
                 i = next_index[0]
-                if i >= count:
+                if i >= len(sentences):
                     return
                 next_index[0] += 1
-            k = i % len(sentences)
-            body = json.dumps({"text": [sentences[k]]}).encode()
+            body = json.dumps({"text": [sentences[i]]}).encode()
             started = time.monotonic()
             try:
                 connection.request("POST", "/v1/translate", body=body, headers={"Content-Type": "application/json"})
@@ -154,7 +148,7 @@ def run_level(port: int, clients: int, sentences: list[str], expected: list[str]
             with lock:
                 if response.status == 200:
                     level.latencies.append(elapsed)
-                    level.wrong += answer["translations"] != [expected[k]]
+                    level.wrong += answer["translations"] != [expected[i]]
                 elif response.status == 503:
                     level.refused += 1
                     level.retry_after.add(response.getheader("Retry-After", ""))
@@ -197,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for clients in levels:
             before = server.batches()
-            level = run_level(server.port, clients, sentences, expected, len(sentences), args.max_seconds)
+            level = run_level(server.port, clients, sentences, expected, args.max_seconds)
             after = server.batches()
             mean_batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
             done = len(level.latencies)
@@ -217,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         clients = max(levels)
         server = Server(args, "--queue-size", str(args.overload_queue), "--max-sentences", "1")
         try:
-            level = run_level(server.port, clients, sentences, expected, len(sentences), args.max_seconds)
+            level = run_level(server.port, clients, sentences, expected, args.max_seconds)
             healthy = server.healthy()
         finally:
             server.stop()

@@ -33,11 +33,14 @@ LR=${LR:-2e-3}
 WARMUP=${WARMUP:-480}
 TRAIN_FLAGS=${TRAIN_FLAGS:-}
 SELECT=${SELECT:-average}
-SEARCH_FLAGS=(--beam 4 --lenpen 0.6 --max-len-a 1 --max-len-b 50)
+# One search for the test set and, with SELECT=bleu, for the validation BLEU that selects.
+BEAM=4 LENPEN=0.6 MAX_LEN_A=1 MAX_LEN_B=50
+SEARCH_FLAGS=(--beam "$BEAM" --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B")
 SELECT_FLAGS=()
 case $SELECT in
     average) ;;
-    bleu) SELECT_FLAGS=(--eval-bleu --eval-bleu-args '{"beam": 4, "lenpen": 0.6, "max_len_a": 1, "max_len_b": 50}'
+    bleu) SELECT_FLAGS=(--eval-bleu --eval-bleu-beam "$BEAM" --eval-bleu-lenpen "$LENPEN"
+                        --eval-bleu-max-len-a "$MAX_LEN_A" --eval-bleu-max-len-b "$MAX_LEN_B"
                         --best-checkpoint-metric bleu) ;;
     *) echo "error: SELECT must be average or bleu (got $SELECT)" >&2; exit 1 ;;
 esac

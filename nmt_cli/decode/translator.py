@@ -89,6 +89,11 @@ def pad_batch(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return batch.to(device)
 
 
+def truncated_source(ids: list[int], limit: int) -> list[int]:
+    """A source's ids (ending in </s>) cut to the model's `limit` positions, </s> kept."""
+    return ids if len(ids) <= limit else ids[: limit - 1] + [EOS_ID]
+
+
 class Translator:
     """Loads the model(s) and text pipelines once; translates groups of input lines."""
 
@@ -178,7 +183,7 @@ class Translator:
             f"warning: {where(source_name, line.number)}: source has {len(ids)} tokens "
             f"(with </s>); truncated to the model's maximum of {limit}"
         )
-        return ids[: limit - 1] + [EOS_ID]
+        return truncated_source(ids, limit)
 
     def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
         """Translations of `lines`, in the same order (--score-reference: their references' scores)."""

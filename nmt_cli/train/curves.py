@@ -41,7 +41,6 @@ class Curve:
 @dataclass
 class RunCurves:
     name: str  # the legend's label
-    log_path: Path
     train_loss: Curve = field(default_factory=Curve)
     valid: dict[str, Curve] = field(default_factory=dict)  # VALID_METRICS -> curve, those logged
 
@@ -70,7 +69,7 @@ def read_curves(path: Path, name: str) -> RunCurves:
         data = path.read_bytes()
     except OSError as error:
         raise NmtError(f"cannot read {path}: {error.strerror or error}") from None
-    curves = RunCurves(name, path)
+    curves = RunCurves(name)
     offset, last_wall = 0.0, 0.0  # wall time of the earlier invocations; the last wall seen
     count = 0
     for number, raw in enumerate(data.split(b"\n"), start=1):

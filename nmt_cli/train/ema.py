@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nmt_cli.checkpoints.average import tied_keys
 from nmt_cli.checkpoints.ema_weights import CHECKPOINT_KEY, stored_ema_weights
 from nmt_cli.config import TrainConfig
 from nmt_cli.errors import NmtError
@@ -45,34 +46,36 @@ class Ema:
 
     def __init__(self, model: nn.Module, settings: EmaSettings) -> None:
         self.settings = settings
+        state = model.state_dict()
+        self.tied = tied_keys(state)  # key -> earlier key of the same model tensor
         self.weights: dict[str, torch.Tensor] = {}
-        self.tied: dict[str, str] = {}  # key -> earlier key of the same model tensor
-        seen: dict[tuple, str] = {}
         with torch.no_grad():
-            for key, tensor in model.state_dict().items():
-                identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
-                if identity in seen:
-                    self.tied[key] = seen[identity]
-                    self.weights[key] = self.weights[seen[identity]]
-                    continue
-                seen[identity] = key
-                dtype = torch.float32 if tensor.is_floating_point() else tensor.dtype
-                self.weights[key] = tensor.detach().to(dtype=dtype, copy=True)
+            for key, tensor in state.items():
+                if key in self.tied:
+                    self.weights[key] = self.weights[self.tied[key]]
+                else:
+                    dtype = torch.float32 if tensor.is_floating_point() else tensor.dtype
+                    self.weights[key] = tensor.detach().to(dtype=dtype, copy=True)
         self._averaged = [k for k, t in self.weights.items() if k not in self.tied and t.is_floating_point()]
         self._copied = [k for k, t in self.weights.items() if k not in self.tied and not t.is_floating_point()]
+        self._averaged_tensors = [self.weights[k] for k in self._averaged]
 
     def after_update(self, model: nn.Module, num_updates: int) -> None:
         """Fold in the weights after update `num_updates` (1 for the first)."""
         settings = self.settings
+        copying = num_updates <= settings.start_update
+        folding = not copying and num_updates % settings.update_freq == 0
+        if not (copying or folding or self._copied):
+            return  # an update between folds (--ema-update-freq)
         current = model.state_dict()
         with torch.no_grad():
-            ema = [self.weights[k] for k in self._averaged]
-            new = [current[k].detach().float() for k in self._averaged]
-            if num_updates <= settings.start_update:
-                torch._foreach_copy_(ema, new)
-            elif num_updates % settings.update_freq == 0:
-                # ema + (1 - decay) * (w - ema) = decay * ema + (1 - decay) * w, in one pass
-                torch._foreach_lerp_(ema, new, 1.0 - settings.decay)
+            if copying or folding:
+                new = [current[k].float() for k in self._averaged]
+                if copying:
+                    torch._foreach_copy_(self._averaged_tensors, new)
+                else:
+                    # ema + (1 - decay) * (w - ema) = decay * ema + (1 - decay) * w, in one pass
+                    torch._foreach_lerp_(self._averaged_tensors, new, 1.0 - settings.decay)
             for key in self._copied:
                 self.weights[key].copy_(current[key])
 

@@ -26,10 +26,9 @@ import torch
 from sacremoses import MosesDetokenizer
 
 from nmt_cli.config import EVAL_BLEU_DETOK, EVAL_BLEU_REMOVE_BPE, TrainConfig
-from nmt_cli.data.dictionary import EOS_ID
 from nmt_cli.data.pairs import DataBin, PairDataset
 from nmt_cli.decode.search import check_beam_fits, generate
-from nmt_cli.decode.translator import make_batches, pad_batch
+from nmt_cli.decode.translator import make_batches, pad_batch, truncated_source
 from nmt_cli.errors import NmtError
 from nmt_cli.preprocess.references import read_references
 from nmt_cli.scoring.sacre import build_metrics
@@ -141,7 +140,7 @@ class ValidBleu:
             self.references = [self._detokenized(pieces.decode(line.split())) for line in self.references]
         elif self.tokenized:
             self.references = [self.pipeline.tokenizer.tokenize(line) for line in self.references]
-        self.sources = [_fit(split.src[i].tolist(), max_source_positions) for i in range(count)]
+        self.sources = [truncated_source(split.src[i].tolist(), max_source_positions) for i in range(count)]
         self.max_target_positions = max_target_positions
         self.tgt_dict = data.tgt_dict
         names = ["bleu", "chrf"] if cfg.eval_bleu_chrf or cfg.best_checkpoint_metric == "chrf" else ["bleu"]
@@ -210,6 +209,3 @@ def shared_scores(scores: BleuScores | None, dist: DistInfo, device: torch.devic
     return BleuScores(bleu, "", chrf, None, int(sentences), 0.0)
 
 
-def _fit(ids: list[int], limit: int) -> list[int]:
-    """A source cut to the model's maximum positions, as translate cuts one."""
-    return ids if len(ids) <= limit else ids[: limit - 1] + [EOS_ID]

@@ -61,9 +61,11 @@ def run_config(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
     return json.loads(json.dumps({"arch": cfg.arch, "model": model_cfg.to_dict(), "train": cfg.to_dict()}))
 
 
-def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool) -> list[str]:
-    """Which files this save writes: the numbered ones its cadence asks for, best, then last
-    (renamed into place in this order: checkpoint_last.pt marks the save complete)."""
+def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: TrainConfig, is_best: bool,
+                     also: str | None = None) -> list[str]:
+    """Which files this save writes: the numbered ones its cadence asks for, best, `also`
+    (a --keep-best-checkpoints file), then last (renamed into place in this order:
+    checkpoint_last.pt marks the save complete)."""
     names = []
     if end_of_epoch and cfg.save_interval and epoch % cfg.save_interval == 0 and not cfg.no_epoch_checkpoints:
         names.append(epoch_checkpoint(epoch))
@@ -71,6 +73,8 @@ def checkpoint_names(epoch: int, num_updates: int, end_of_epoch: bool, cfg: Trai
         names.append(update_checkpoint(epoch, num_updates))
     if is_best:
         names.append(BEST)
+    if also is not None:
+        names.append(also)
     names.append(LAST)
     return names
 

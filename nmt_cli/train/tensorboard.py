@@ -47,7 +47,6 @@ class TensorBoardLog:
             self.writer = SummaryWriter(log_dir=str(logdir), purge_step=resumed_at_update + 1)
         except OSError as error:
             raise NmtError(f"cannot write --tensorboard-logdir {logdir}: {error.strerror or error}") from None
-        self.logdir = logdir
 
     def write(self, record: dict[str, Any]) -> None:
         kind, step = record.get("type"), record.get("update")

@@ -132,7 +132,6 @@ class Trainer:
         self.valid_bleu = (ValidBleu(cfg, self.data, self.valid_split, model_cfg.max_source_positions,
                                      model_cfg.max_target_positions)
                            if cfg.eval_bleu and self.valid_split is not None else None)
-        self.best_files: KeepBestChange | None = None  # the last validation's --keep-best-checkpoints change
         release_freed_memory()  # planning's temporaries, which malloc would otherwise keep for the whole run
         if dist.world_size > 1:
             state = agreement.training_state(self.engine.model, self.engine.optimizer, self.progress, self.batches,
@@ -300,12 +299,12 @@ class Trainer:
             self._log_train()
         time_up = self._time_is_up(at_log)
         at_max = bool(cfg.max_update) and n >= cfg.max_update
-        is_best = False
+        is_best, best_file = False, None
         if self.valid_split is not None and ((cfg.validate_interval_updates and n % cfg.validate_interval_updates == 0) or at_max):
-            is_best = self._validate()
+            is_best, best_file = self._validate()
         stop = "max_update" if at_max else "max_time" if time_up else self._patience_exhausted()
-        if (cfg.save_interval_updates and n % cfg.save_interval_updates == 0) or is_best or stop or self._best_file_due():
-            self._save(end_of_epoch=False, is_best=is_best)
+        if (cfg.save_interval_updates and n % cfg.save_interval_updates == 0) or is_best or stop or best_file:
+            self._save(end_of_epoch=False, is_best=is_best, best_file=best_file)
         if stop == "max_time":
             self.reporter.info(f"--max-time reached after update {n}; checkpoint saved")
         return stop
@@ -313,15 +312,15 @@ class Trainer:
     def _end_of_epoch(self) -> str:
         cfg, progress = self.cfg, self.progress
         completed = progress.epoch
-        is_best = False
+        is_best, best_file = False, None
         if (self.valid_split is not None and cfg.validate_interval and completed % cfg.validate_interval == 0
                 and progress.validated_at != progress.num_updates):  # not twice for one update
-            is_best = self._validate()
+            is_best, best_file = self._validate()
         progress.epoch, progress.batches_done = completed + 1, 0
         last_epoch = bool(cfg.max_epoch) and completed >= cfg.max_epoch
         stop = "max_epoch" if last_epoch else self._patience_exhausted()
-        if (cfg.save_interval and completed % cfg.save_interval == 0) or is_best or stop or self._best_file_due():
-            self._save(end_of_epoch=True, is_best=is_best, completed_epoch=completed)
+        if (cfg.save_interval and completed % cfg.save_interval == 0) or is_best or stop or best_file:
+            self._save(end_of_epoch=True, is_best=is_best, completed_epoch=completed, best_file=best_file)
         return stop
 
     def _patience_exhausted(self) -> str:
@@ -383,8 +382,9 @@ class Trainer:
         if self.tensorboard is not None:
             self.tensorboard.close()
 
-    def _validate(self) -> bool:
-        """Validate, update best metric and patience; True when this is the best so far."""
+    def _validate(self) -> tuple[bool, KeepBestChange | None]:
+        """Validate, update best metric and patience: whether this is the best so far, and
+        the --keep-best-checkpoints change that the save after it writes (None: no file)."""
         self._raise_if_loss_not_finite()
         with self._validation_weights():
             metrics: dict[str, Any] = evaluate(self.engine, self.valid_split, self.valid_batches)
@@ -398,14 +398,14 @@ class Trainer:
             self.progress.best_metric, self.progress.patience_counter = value, 0
         else:
             self.progress.patience_counter += 1
-        self.best_files = keep_best(self.progress.best_checkpoints, value, metric, self.cfg.keep_best_checkpoints)
-        self.progress.best_checkpoints = self.best_files.kept
+        best_files = keep_best(self.progress.best_checkpoints, value, metric, self.cfg.keep_best_checkpoints)
+        self.progress.best_checkpoints = best_files.kept
         record = {"type": "valid", "subset": self.cfg.valid_subset, "epoch": self.progress.epoch,
                   "update": self.progress.num_updates, **metrics, "best": self.progress.best_metric}
         record["wall"] = time.monotonic() - self.start_time  # for curves against time (`nmt plot`)
         self.reporter.valid_line(record)
         self._write_record(record)
-        return is_best
+        return is_best, best_files if best_files.write is not None else None
 
     def _validation_weights(self) -> AbstractContextManager:
         """With --ema-validate, the EMA in the model that validation runs; else nothing changes."""
@@ -420,22 +420,19 @@ class Trainer:
                   if self.dist.is_main else None)
         return shared_scores(scores, self.dist, engine.device)
 
-    def _best_file_due(self) -> bool:
-        """Whether the last validation made a --keep-best-checkpoints file that the next save writes."""
-        return self.best_files is not None and self.best_files.write is not None
-
-    def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None) -> None:
+    def _save(self, end_of_epoch: bool, is_best: bool, completed_epoch: int | None = None,
+              best_file: KeepBestChange | None = None) -> None:
+        """`best_file`: the --keep-best-checkpoints file the validation before it made."""
         self._raise_if_loss_not_finite()
         log_window = self.window.checkpoint_state(self.dist)
-        best_files, self.best_files = self.best_files, None
         if not self.dist.is_main:
             return
         epoch = completed_epoch if completed_epoch is not None else self.progress.epoch
-        names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best)
+        names = checkpoint_names(epoch, self.progress.num_updates, end_of_epoch, self.cfg, is_best,
+                                 also=best_file.write if best_file is not None else None)
         doomed = checkpoints_to_prune(self.save_dir, names, self.cfg)
-        if best_files is not None and best_files.write is not None:  # written with the rest of this save
-            names.insert(-1, best_files.write)  # before checkpoint_last.pt, which marks the save complete
-            doomed += [name for name in best_files.remove if name not in names]
+        if best_file is not None:
+            doomed += [name for name in best_file.remove if name not in names]
         write_checkpoints(self._checkpoint_state(epoch, log_window), self.save_dir, names, doomed)
 
     def _checkpoint_state(self, epoch: int, log_window: dict[str, Any]) -> dict[str, Any]:
