@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
-from nmt_cli.options import (Alias, Refused, choice_alias, flag_option, no_effect_alias, option, refused_alias,
+from nmt_cli.options import (Alias, Refused, choice_alias, flag_of, flag_option, no_effect_alias, option, refused_alias,
                              switch_alias, value_alias)
 
 # numpy's random generators take seeds in [0, 2**32).
@@ -36,6 +36,17 @@ def check_finite_numbers(config: Any) -> None:
         value = getattr(config, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise NmtError(f"--{field.name.replace('_', '-')} must be a finite number (got {value})")
+
+
+def check_choices(config: Any) -> None:
+    """Raise on a field outside its flag's fixed `choices` (a config built in Python or read
+    from a checkpoint skips click's own check)."""
+    for field in fields(config):
+        flag, value = flag_of(field), getattr(config, field.name)
+        choices = flag.choices if flag is not None else None
+        if isinstance(choices, tuple) and value is not None and value not in choices:
+            name = flag.decls[0].split("/")[0]
+            raise NmtError(f"{name} must be one of {', '.join(choices)} (got {value!r})")
 
 
 def check_seed(seed: int, flag: str = "--seed", smallest: int = 0) -> None:
@@ -127,6 +138,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        check_choices(self)
         for field in fields(self):
             value = getattr(self, field.name)
             if type(value) is int and value > MAX_MODEL_SIZE:
@@ -1425,9 +1437,6 @@ class PlotConfig:
             raise NmtError(f"--output {self.output!r} must end in {', '.join(PLOT_FORMATS)} (the figure's format)")
 # --- serving (nmt serve) ----------------------------------------------------------------
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
 @dataclass(frozen=True)
 class ServeConfig:
     """What `nmt serve` loads, where it listens, how it batches and what a request may ask."""
@@ -1485,7 +1494,7 @@ class ServeConfig:
             raise NmtError("give --api-key or --api-key-file, not both")
         if self.api_key == "":
             raise NmtError("--api-key is empty")
-        if self.host not in LOOPBACK_HOSTS and self.api_key is None and self.api_key_file is None and not _is_loopback(self.host):
+        if not _is_loopback(self.host) and self.api_key is None and self.api_key_file is None:
             raise NmtError(f"--host {self.host} is not a loopback address: anyone who can reach it could use "
                            "the server, so give --api-key or --api-key-file")
         if self.threads is not None:
@@ -1498,6 +1507,8 @@ class ServeConfig:
 def _is_loopback(host: str) -> bool:
     import ipaddress
 
+    if host == "localhost":
+        return True
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

@@ -117,7 +117,7 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
         params.append(click.option(*flag.decls, field.name, help=help_text, required=flag.required,
                                    multiple=flag.multiple, **extra))
 
-    params += _alias_params_nested(config_class)
+    params += _alias_params(config_class)
 
     def decorate(func: Callable) -> Callable:
         for param in reversed(params):
@@ -174,7 +174,9 @@ def config_from_params(config_class: type, params: dict[str, Any], **resolved: A
             flag, value = flag_of(field), params[field.name]
             values[field.name] = flag.to_value(value) if flag.to_value is not None else value
     defaults = {f.name: _field_default(f) for f in dataclasses.fields(config_class)}
-    defaults.update({name: resolved[name] for name in resolved if name in defaults})
+    # A resolved value stands for "not given" only where its flag was absent: a flag the
+    # user gave still contradicts an alias given beside it.
+    defaults.update({name: resolved[name] for name in resolved if name in defaults and params.get(name) is None})
     return config_class(**apply_aliases(config_class, params, values, defaults))
 
 
@@ -301,15 +303,6 @@ def _refusing_callback(decl: str, refuse: Callable[[Any], Any]) -> Callable:
     return check
 
 
-def _alias_params_nested(config_class: type) -> list[Callable[[Callable], Callable]]:
-    params = _alias_params(config_class)
-    for field in dataclasses.fields(config_class):
-        inner = nested_config(field)
-        if inner is not None:
-            params += _alias_params_nested(inner)
-    return params
-
-
 def _alias_params(config_class: type) -> list[Callable[[Callable], Callable]]:
     import click
 
@@ -323,7 +316,7 @@ def _alias_params(config_class: type) -> list[Callable[[Callable], Callable]]:
         return check
 
     params = []
-    for alias in getattr(config_class, "ALIASES", ()):
+    for alias in aliases_of(config_class):  # nested configs' too
         if alias.argument:
             params.append(click.argument(alias.param_name, required=False, metavar=alias.metavar,
                                          type=alias.type, callback=refuse_now(alias)))
@@ -350,17 +343,15 @@ def refused_option_class() -> type:
 
 
 def apply_aliases(config_class: type, params: dict[str, Any], values: dict[str, Any],
-                  defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+                  defaults: dict[str, Any]) -> dict[str, Any]:
     """`values` (fields of `config_class`) with the settings of the aliases given in `params`.
 
     An alias may not contradict a flag given beside it (`--fp16 --precision bf16`): a field
     already holding something other than its default and the alias's value is an error.
-    `defaults`: what "not given" is for each field (the field defaults unless given).
+    `defaults`: what "not given" is for each field.
     """
     from nmt_cli.errors import NmtError
 
-    if defaults is None:
-        defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
     set_by: dict[str, str] = {}
     aliases = {alias.decl: alias for alias in getattr(config_class, "ALIASES", ())}
     for alias in aliases.values():

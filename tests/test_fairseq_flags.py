@@ -389,6 +389,15 @@ def test_translate_aliases_reach_the_config() -> None:
     assert params["remove_bpe"] == "sentencepiece" and params["alias_fp16"] is True
 
 
+def test_a_device_given_contradicts_cpu_in_translate_as_in_train() -> None:
+    # translate resolves the device (cuda when there is one) when --device is absent; a
+    # --device given is the user's, and --cpu beside it is a contradiction, not a default.
+    args = ["--path", "a.pt", "--device", "cuda:1", "--cpu"]
+    params = main.get_command(None, "translate").make_context("translate", args).params
+    with pytest.raises(NmtError, match="--cpu means --device cpu, but --device cuda:1 is given too"):
+        config_from_params(TranslateConfig, params, buffer_size=1, device=params["device"])
+
+
 def test_segmentation_is_found_and_plain_text_is_not(tmp_path: Path) -> None:
     cases = {"subword": ("qu@@ ick bro@@ wn fox .\n" * 5, SUBWORD_NMT),
              "pieces": ("▁the ▁qu ick ▁fox\n" * 5, SENTENCEPIECE),

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from nmt_cli.cli import main
 from nmt_cli.commands.model_options import model_options, overrides_from
-from nmt_cli.config import DecodeConfig
+from nmt_cli.config import DecodeConfig, ModelConfig
 from nmt_cli.decode.search import generate
 from nmt_cli.errors import NmtError
 from nmt_cli.models import layers as layers_module
@@ -789,3 +789,10 @@ def test_training_matmul_flops_match_torchs_flop_counter(overrides: dict) -> Non
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(src, prev).sum().backward()
     assert counter.get_total_flops() == training_matmul_flops(cfg, sentences, src_len, tgt_len, tgt_vocab)
+
+
+@pytest.mark.parametrize("field, value", [("activation_fn", "tanh"), ("sinusoids", "learned")])
+def test_a_stored_model_config_outside_its_choices_is_one_error(field, value):
+    # A checkpoint's config skips click's own check of the choices.
+    with pytest.raises(NmtError, match=f"must be one of .* \\(got '{value}'\\)"):
+        ModelConfig.from_dict({field: value})

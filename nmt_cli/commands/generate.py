@@ -38,11 +38,10 @@ def generate(**params: Any) -> None:
     from nmt_cli.decode.generate import run_generate
 
     cfg = config_from_params(GenerateConfig, params)
-    if cfg.results_path is None:
-        with published_output("-", "w") as out:
-            run_generate(cfg, out, sys.stderr)
-        return
-    path = Path(cfg.results_path) / f"generate-{cfg.gen_subset}.txt"
-    make_parent_directory(path)
-    with published_output(str(path), "w") as out:
+    target = "-"
+    if cfg.results_path is not None:  # fairseq's file name in the directory
+        path = Path(cfg.results_path) / f"generate-{cfg.gen_subset}.txt"
+        make_parent_directory(path)
+        target = str(path)
+    with published_output(target, "w") as out:
         run_generate(cfg, out, sys.stderr)
