@@ -54,7 +54,7 @@ class _Job:
 class BatchObserver:
     """Told about each batch (the server's metrics); the default does nothing."""
 
-    def batch_done(self, sentences: int, requests: int, seconds: float) -> None:
+    def batch_done(self, sentences: int) -> None:
         pass
 
 
@@ -162,7 +162,7 @@ class Batcher:
         seconds = time.monotonic() - started
         with self._cond:
             self._last_done, self._coming_back = time.monotonic(), self._queued_sentences + len(texts)
-        self._observer.batch_done(len(texts), len(batch), seconds)
+        self._observer.batch_done(len(texts))
         offset = 0
         for job in batch:
             own = results[offset : offset + len(job.texts)]

@@ -36,6 +36,7 @@ from nmt_cli.decode.forced import cross_attention, hard_alignment, pad_rows, ref
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
+from nmt_cli.text.pipeline import remove_bpe_symbols
 
 LOG2 = math.log(2)
 ESCAPED_UNK = "<<unk>>"  # how fairseq writes a target's <unk>, so that BLEU never matches it
@@ -93,16 +94,6 @@ def pieces_text(dictionary: Dictionary, ids: list[int], remove_bpe: str | None, 
     unk = ESCAPED_UNK if escape_unk else UNK
     text = " ".join(unk if i == UNK_ID else dictionary[i] for i in ids if i not in (EOS_ID, BOS_ID))
     return remove_bpe_symbols(text, remove_bpe)
-
-
-def remove_bpe_symbols(text: str, symbol: str | None) -> str:
-    """fairseq's `post_process` for the values of `--remove-bpe` nmt takes."""
-    if symbol == "sentencepiece":
-        return text.replace(" ", "").replace("\u2581", " ").strip()
-    if symbol in ("@@ ", "@@", "subword_nmt"):
-        marker = "@@ " if symbol == "subword_nmt" else symbol
-        return (text + " ").replace(marker, "").rstrip()
-    return text
 
 
 def base2(value: float) -> float:
@@ -181,11 +172,12 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
         ids = batch[within.numpy()]
         src_rows, src_lengths = padded_rows(pairs.src, ids)
         tgt_rows, tgt_lengths = padded_rows(pairs.tgt, ids)
+        sources = [src_rows[row, : src_lengths[row]].tolist() for row in range(len(ids))]
+        targets = [tgt_rows[row, : tgt_lengths[row]].tolist() for row in range(len(ids))]
         started = time.perf_counter()
         with torch.no_grad(), autocast:
             src_tokens = torch.from_numpy(src_rows).to(device)
             if cfg.score_reference:
-                targets = [[int(i) for i in tgt_rows[row, : tgt_lengths[row]]] for row in range(len(ids))]
                 hypotheses = scored_references(models, src_tokens, targets)
             else:
                 hypotheses = generate(models.decoder, src_tokens, cfg.decode, models.max_target_positions, sampler)
@@ -195,10 +187,8 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
         seconds += time.perf_counter() - started
         tokens += sum(len(h[0].tokens) for h in hypotheses if h)
         for row, sentence in enumerate(ids):
-            source = [int(i) for i in src_rows[row, : src_lengths[row]]]
-            target = [int(i) for i in tgt_rows[row, : tgt_lengths[row]]]
-            write_sentence(out, cfg, models, int(sentence), source, target, hypotheses[row], alignments[row], bleu,
-                           sacre_refs, sacre_hyps)
+            write_sentence(out, cfg, models, int(sentence), sources[row], targets[row], hypotheses[row], alignments[row],
+                           bleu, sacre_refs, sacre_hyps)
     if cfg.scoring == "sacrebleu":
         bleu_line = sacrebleu_result(sacre_hyps, sacre_refs)
     else:

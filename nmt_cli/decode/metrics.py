@@ -56,7 +56,7 @@ class ModelMetrics(BatchObserver):
         self.latency = Histogram(LATENCY_BUCKETS)
         self.queued: Callable[[], int] = lambda: 0
 
-    def batch_done(self, sentences: int, requests: int, seconds: float) -> None:
+    def batch_done(self, sentences: int) -> None:
         with self._lock:
             self.sentences += sentences
             self.batches.observe(sentences)

@@ -67,12 +67,6 @@ class ServedModel:
         return self.model.source_lang, self.model.target_lang
 
 
-@dataclass(frozen=True)
-class Translated:
-    texts: list[str]
-    done: Done
-
-
 def require_starlette() -> None:
     try:
         import starlette  # noqa: F401
@@ -179,7 +173,7 @@ class Service:
         except NmtError as error:
             raise RequestError(422, str(error).replace("--", "").replace("-", "_")) from None
 
-    async def translate(self, served: ServedModel, texts: list[str], settings: DecodeConfig) -> Translated:
+    async def translate(self, served: ServedModel, texts: list[str], settings: DecodeConfig) -> Done:
         from starlette.concurrency import run_in_threadpool
 
         encoded = await run_in_threadpool(served.model.encode, texts)
@@ -194,7 +188,7 @@ class Service:
             done = await asyncio.wrap_future(future)
         except Exception as error:  # the batch's decoding failed: this request fails, the server goes on
             raise RequestError(500, f"translation failed: {type(error).__name__}: {error}") from None
-        return Translated(texts, done)
+        return done
 
     # --- nmt's own API ---------------------------------------------------------------
 
@@ -216,8 +210,8 @@ class Service:
             raise RequestError(422, f"unknown field(s) {', '.join(unknown)}; known: text, model, "
                                     f"{', '.join(REQUEST_OPTIONS)}")
         started = time.monotonic()
-        out = await self.translate(served, texts, settings)
-        results = out.done.results
+        done = await self.translate(served, texts, settings)
+        results = done.results
         response: dict[str, Any] = {
             "model": served.name,
             "translations": [r.text for r in results],
@@ -226,10 +220,10 @@ class Service:
         if settings.nbest > 1:
             response["nbest"] = [[{"text": h.text, "score": h.score} for h in r.hypotheses] for r in results]
         response["timing"] = {
-            "queue_ms": round(out.done.queue_seconds * 1000, 3),
-            "decode_ms": round(out.done.decode_seconds * 1000, 3),
+            "queue_ms": round(done.queue_seconds * 1000, 3),
+            "decode_ms": round(done.decode_seconds * 1000, 3),
             "total_ms": round((time.monotonic() - started) * 1000, 3),
-            "batch_sentences": out.done.batch_sentences,
+            "batch_sentences": done.batch_sentences,
         }
         return response
 
@@ -290,8 +284,8 @@ class Service:
         flat = [line for item in lines for line in item]
         self.check_sizes(flat)
         settings = self.decode_settings(served, {"nbest": alternatives + 1} if alternatives else {})
-        out = await self.translate(served, flat, settings)
-        results, at, texts, others = out.done.results, 0, [], []
+        done = await self.translate(served, flat, settings)
+        results, at, texts, others = done.results, 0, [], []
         for item in lines:
             own = results[at : at + len(item)]
             at += len(item)

@@ -9,6 +9,7 @@ weight goes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +37,19 @@ class ExportSource:
 
     checkpoint: Path
     cfg: ModelConfig
-    weights: dict[str, torch.Tensor]  # fairseq names, float32
+    model_state: dict[str, torch.Tensor]  # the checkpoint's "model", nmt's names
     src_dict: Dictionary
     tgt_dict: Dictionary
     source_lang: str
     target_lang: str
     num_updates: int
     text_files: list[Path]  # meta.json and the BPE model(s) it names; empty when the run has none
+
+    @functools.cached_property
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The weights under fairseq's names, float32: made when first asked for (checking
+        that a cached export is still this checkpoint's needs none of them)."""
+        return fairseq_weights(self.model_state, self.cfg)
 
 
 def load_export_source(path: Path) -> ExportSource:
@@ -52,7 +59,7 @@ def load_export_source(path: Path) -> ExportSource:
     cfg = ModelConfig.from_dict(state["model_config"])
     source_lang, target_lang = str(state.get("source_lang") or "src"), str(state.get("target_lang") or "tgt")
     return ExportSource(
-        checkpoint=checkpoint, cfg=cfg, weights=fairseq_weights(state["model"], cfg),
+        checkpoint=checkpoint, cfg=cfg, model_state=state["model"],
         src_dict=dictionary_from_symbols(list(state["src_dict"]), str(checkpoint)),
         tgt_dict=dictionary_from_symbols(list(state["tgt_dict"]), str(checkpoint)),
         source_lang=source_lang, target_lang=target_lang, num_updates=int(state.get("num_updates", 0)),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.text.pipeline import SENTENCEPIECE_MARKER, SUBWORD_NMT_MARKER
 
 SAMPLE_LINES = 1000
 # A share of sampled lines this large with a marker cannot be ordinary text: a word
@@ -24,8 +25,8 @@ SAMPLE_LINES = 1000
 # first piece of every line.
 SUBWORD_NMT_SHARE = 0.02
 SENTENCEPIECE_SHARE = 0.5
-SUBWORD_NMT = "@@ "
-SENTENCEPIECE = "▁"
+# The markers meta.json's segmented_input records, as translate reads them back.
+SUBWORD_NMT, SENTENCEPIECE = SUBWORD_NMT_MARKER, SENTENCEPIECE_MARKER
 
 
 @dataclass(frozen=True)

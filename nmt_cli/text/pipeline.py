@@ -18,7 +18,7 @@ from nmt_cli.data.dictionary import UNK
 from nmt_cli.data.meta import read_meta
 from nmt_cli.errors import NmtError
 from nmt_cli.text.bpe import BpeModel
-from nmt_cli.text.subword_nmt import DEFAULT_SEPARATOR, SubwordNmtBpe
+from nmt_cli.text.subword_nmt import DEFAULT_SEPARATOR, SubwordNmtBpe, remove_bpe
 from nmt_cli.text.tokenizer import Tokenizer, TokenizerSettings
 
 
@@ -96,9 +96,19 @@ class PresegmentedPieces:
         return line.split()
 
     def decode(self, pieces: list[str]) -> str:
-        if self.marker == SENTENCEPIECE_MARKER:
-            return "".join(pieces).replace(SENTENCEPIECE_MARKER, " ").strip()
-        return (" ".join(pieces) + " ").replace(SUBWORD_NMT_MARKER, "").rstrip()  # fairseq's --remove-bpe
+        return remove_bpe_symbols(" ".join(pieces), "sentencepiece" if self.marker == SENTENCEPIECE_MARKER else "@@ ")
+
+
+def remove_bpe_symbols(text: str, symbol: str | None) -> str:
+    """fairseq's `post_process` of space-separated pieces, for the values of `--remove-bpe`
+    nmt takes (None: the text as it is)."""
+    if symbol == "sentencepiece":
+        return text.replace(" ", "").replace(SENTENCEPIECE_MARKER, " ").strip()
+    if symbol in ("@@ ", "subword_nmt"):
+        return remove_bpe(text)
+    if symbol == "@@":  # fairseq removes the bare marker wherever it is
+        return (text + " ").replace(symbol, "").rstrip()
+    return text
 
 
 class MarianPieces:
