@@ -240,12 +240,11 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        check_choices(self)
         if self.beam < 1:
             raise NmtError(f"--beam must be >= 1 (got {self.beam})")
         if not 1 <= self.nbest <= self.beam:
             raise NmtError(f"--nbest must be between 1 and --beam {self.beam} (got {self.nbest})")
-        if self.lenpen_style not in LENPEN_STYLES:
-            raise NmtError(f"--lenpen-style must be one of {', '.join(LENPEN_STYLES)} (got {self.lenpen_style!r})")
         if self.max_len_a < 0 or self.max_len_b < 0:
             raise NmtError("--max-len-a and --max-len-b must be >= 0")
         if self.min_len < 0:
@@ -327,8 +326,7 @@ class GuidedConfig:
         return bool(self.prefix_file or self.constraints or self.json_input or self.score_reference)
 
     def __post_init__(self) -> None:
-        if self.constraints is not None and self.constraints not in CONSTRAINT_ORDERS:
-            raise NmtError(f"--constraints must be one of {', '.join(CONSTRAINT_ORDERS)} (got {self.constraints!r})")
+        check_choices(self)
         if self.reference_file is not None and not self.score_reference:
             raise NmtError("--reference-file needs --score-reference")
         if self.score_reference and (self.constraints or self.prefix_file or self.needs_alignment):
@@ -451,18 +449,9 @@ class TranslateConfig:
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
-        if self.engine not in ENGINES:
-            raise NmtError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r})")
+        check_choices(self)
         if not self.checkpoints or any(not p for p in self.checkpoints):
             raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
-        for name, value, allowed in (
-            ("--input-format", self.input_format, INPUT_FORMATS),
-            ("--output-format", self.output_format, OUTPUT_FORMATS),
-            ("--precision", self.precision, TRANSLATE_PRECISIONS),
-            ("--errors", self.errors, ERROR_POLICIES),
-        ):
-            if value not in allowed:
-                raise NmtError(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
         if self.buffer_size < 1:
             raise NmtError(f"--buffer-size must be >= 1 (got {self.buffer_size})")
         if self.remove_bpe is not None and self.output_format == "bpe":
@@ -554,8 +543,7 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
-        if self.print_alignment is not None and self.print_alignment not in PRINT_ALIGNMENTS:
-            raise NmtError(f"--print-alignment must be one of {', '.join(PRINT_ALIGNMENTS)} (got {self.print_alignment!r})")
+        check_choices(self)
         if self.print_alignment == "soft" and self.score_reference:
             raise NmtError("--print-alignment soft with --score-reference: fairseq scores references with hard "
                            "alignments only; give --print-alignment (hard)")
@@ -566,8 +554,6 @@ class GenerateConfig:
         if self.remove_bpe is not None and self.remove_bpe not in REMOVE_BPE_SYMBOLS:
             raise NmtError(f"--remove-bpe must be one of {', '.join(repr(s) for s in REMOVE_BPE_SYMBOLS)} "
                            f"(got {self.remove_bpe!r})")
-        if self.scoring not in GENERATE_SCORINGS:
-            raise NmtError(f"--scoring must be one of {', '.join(GENERATE_SCORINGS)} (got {self.scoring!r})")
         for flag, value in (("--max-tokens", self.max_tokens), ("--batch-size", self.batch_size),
                             ("--required-batch-size-multiple", self.required_batch_size_multiple)):
             if value is not None and value < 1:
@@ -601,10 +587,7 @@ class ExportConfig:
     force: bool = flag_option("--force", help="Replace an OUT directory that holds anything else (its files are deleted).")
 
     def __post_init__(self) -> None:
-        if self.format not in EXPORT_FORMATS:
-            raise NmtError(f"--format must be one of {', '.join(EXPORT_FORMATS)} (got {self.format!r})")
-        if self.quantization is not None and self.quantization not in CT2_QUANTIZATIONS:
-            raise NmtError(f"--quantization must be one of {', '.join(CT2_QUANTIZATIONS)} (got {self.quantization!r})")
+        check_choices(self)
         if self.quantization is not None and self.format != "ctranslate2":
             raise NmtError("--quantization needs --format ctranslate2")
 
@@ -718,10 +701,7 @@ class PreprocessConfig:
             raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
         if self.workers < 1:  # above the CPUs is fine: fairseq's recipes say --workers 20 (preprocess/run.py)
             raise NmtError(f"--workers must be >= 1 (got {self.workers})")
-        if self.tokenizer not in PREPROCESS_TOKENIZERS:
-            raise NmtError(f"--tokenizer must be one of {', '.join(PREPROCESS_TOKENIZERS)} (got {self.tokenizer!r})")
-        if self.bpe not in PREPROCESS_BPE:
-            raise NmtError(f"--bpe must be one of {', '.join(PREPROCESS_BPE)} (got {self.bpe!r})")
+        check_choices(self)
         if self.bpe_size < 2:
             raise NmtError(f"--bpe-size must be >= 2 (got {self.bpe_size})")
         if self.bpe_sample < 0:
@@ -891,8 +871,7 @@ class ScoreConfig:
         unknown = [m for m in self.metrics if m not in SCORE_METRICS]
         if unknown or len(set(self.metrics)) != len(self.metrics):
             raise NmtError(f"--metrics takes distinct names from {', '.join(SCORE_METRICS)} (got {','.join(self.metrics)})")
-        if self.hyp_format not in HYP_FORMATS:
-            raise NmtError(f"--hyp-format must be one of {', '.join(HYP_FORMATS)} (got {self.hyp_format!r})")
+        check_choices(self)
         if not 0 <= self.width <= 10:
             raise NmtError(f"--width must be between 0 and 10 (got {self.width})")
         if (self.compound_split or self.already_tokenized) and not self.tokenized_bleu:
@@ -1320,8 +1299,7 @@ class TrainConfig:
                 raise NmtError(f"--{name.replace('_', '-')} must be a positive count or -1 for all")
         if self.lr <= 0:
             raise NmtError(f"--lr must be positive (got {self.lr})")
-        if self.lr_scheduler not in LR_SCHEDULERS:
-            raise NmtError(f"unknown --lr-scheduler {self.lr_scheduler!r}; choose from {', '.join(LR_SCHEDULERS)}")
+        check_choices(self)
         if self.lr_scheduler != "fixed" and self.warmup_updates == 0:
             raise NmtError(f"--lr-scheduler {self.lr_scheduler} needs --warmup-updates > 0")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
@@ -1330,10 +1308,6 @@ class TrainConfig:
             raise NmtError("--adam-eps must be positive")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise NmtError(f"--label-smoothing must be in [0, 1) (got {self.label_smoothing})")
-        if self.precision not in TRAIN_PRECISIONS:
-            raise NmtError(f"unknown --precision {self.precision!r}; choose from {', '.join(TRAIN_PRECISIONS)}")
-        if self.best_checkpoint_metric not in BEST_CHECKPOINT_METRICS:
-            raise NmtError(f"--best-checkpoint-metric must be one of {', '.join(BEST_CHECKPOINT_METRICS)}")
         self._check_eval_bleu()
         check_device_string(self.device, also=("auto",))
         check_seed(self.seed)
@@ -1474,6 +1448,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
+        check_choices(self)
         if not self.paths or any(not p for p in self.paths):
             raise NmtError("--path needs a checkpoint or run directory")
         if not 0 <= self.port <= 65535:
@@ -1499,8 +1474,6 @@ class ServeConfig:
                            "the server, so give --api-key or --api-key-file")
         if self.threads is not None:
             check_cpu_count("--threads", self.threads)
-        if self.precision not in TRANSLATE_PRECISIONS:
-            raise NmtError(f"--precision must be one of {', '.join(TRANSLATE_PRECISIONS)} (got {self.precision!r})")
         check_device_string(self.device)
 
 
