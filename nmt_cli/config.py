@@ -353,6 +353,12 @@ INTERACTIVE_TOKENIZERS = ("moses", "space", "none")
 INTERACTIVE_BPE = ("subword_nmt", "sentencepiece", "none")
 
 
+def ensemble_paths_option(help: str) -> Any:
+    """translate's and generate's --path: one checkpoint, or several separated by ':' (an ensemble)."""
+    return option("--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
+                  help=help)
+
+
 @dataclass(frozen=True)
 class TranslateConfig:
     """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
@@ -364,10 +370,9 @@ class TranslateConfig:
         switch_alias("--fp16", {"precision": "fp16"}, help="fairseq's: --precision fp16."),
     )
 
-    checkpoints: tuple[str, ...] = option(
-        "--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
-        help="Checkpoint to translate with; several separated by ':' form an ensemble "
-             "(probabilities averaged; the models must share dictionaries).")
+    checkpoints: tuple[str, ...] = ensemble_paths_option(
+        "Checkpoint to translate with; several separated by ':' form an ensemble (probabilities averaged; the "
+        "models must share dictionaries).")
     data_bin: str | None = option(
         "--data-bin", default=None, path="dir", metavar="DIR",
         help="Directory with meta.json, dict.*.txt and the BPE model(s) [default: the checkpoint's "
@@ -501,9 +506,8 @@ class GenerateConfig:
     flags and output; search is in `decode`."""
 
     data: str = option(argument=True, path="dir", metavar="DATA_BIN")
-    checkpoints: tuple[str, ...] = option(
-        "--path", required=True, metavar="CKPT[:CKPT...]", to_value=lambda text: tuple(text.split(":")),
-        help="Checkpoint to decode with; several separated by ':' form an ensemble.")
+    checkpoints: tuple[str, ...] = ensemble_paths_option(
+        "Checkpoint to decode with; several separated by ':' form an ensemble.")
     gen_subset: str = option("--gen-subset", default="test", show_default=True,
                              help="The split of DATA_BIN to decode (train, valid, test, test1, ...).")
     source_lang: str | None = option("--source-lang", "-s", default=None,
