@@ -491,7 +491,8 @@ def test_resume_refuses_a_wrongly_typed_training_state(shared, tmp_path, key, va
     (lambda m: m.update(source_lang=["src"]), 'field source_lang is ["src"], not a string'),
     (lambda m: m["tokenizer"].update(name=None), "field tokenizer.name is null, not a string"),
     (lambda m: m.update(tokenizer="moses"), 'field tokenizer is "moses", not an object or null'),
-], ids=["bpe model a number", "language a list", "tokenizer name null", "tokenizer a string"])
+    (lambda m: m.update(segmented_input=5), "field segmented_input is 5, not a string"),
+], ids=["bpe model a number", "language a list", "tokenizer name null", "tokenizer a string", "segmentation marker a number"])
 def test_meta_json_fields_are_type_checked(shared, tmp_path, change, fragment):
     run, data_bin = tmp_path / "run", tmp_path / "bin"
     shutil.copytree(shared["run"], run)

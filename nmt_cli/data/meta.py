@@ -20,7 +20,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "format_version": (int,), "source_lang": (str,), "target_lang": (str,), "joined_dictionary": (bool,),
     "tokenizer": (dict, NONE), "bpe": (dict, NONE), "dictionary_size": (dict,), "inputs": (dict,),
     "counts": (dict,), "cleaning": (dict,), "versions": (dict,), "fingerprint": (str,), "created": (str,),
-    "imported_from": (dict,), "references": (dict,),
+    "imported_from": (dict,), "references": (dict,), "segmented_input": (str,),
 }
 TOKENIZER_FIELDS: dict[str, tuple[type, ...]] = {
     "name": (str,), "lang": (str,), "normalize_punctuation": (bool,), "aggressive_dash_splits": (bool,),
