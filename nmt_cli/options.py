@@ -43,7 +43,7 @@ class Flag:
     cli_default: Any = SAME
     to_value: Callable[[Any], Any] | None = None  # click's value -> the field's value
     # click's value -> why nmt refuses it (Refused), or None: e.g. --arch of a model family nmt does not build.
-    refuse: Callable[[Any], Any] | None = None
+    refuse: Callable[[Any], Refused | None] | None = None
 
 
 def option(*decls: str, default: Any = dataclasses.MISSING, **details: Any) -> Any:
@@ -113,7 +113,9 @@ def click_options(config_class: type, overrides: bool = False) -> Callable[[Call
         if kind is not None:
             extra["type"] = kind
         if flag.refuse is not None:
-            extra["callback"] = _refusing_callback(flag.decls[0].split("/")[0], flag.refuse)
+            decl = flag.decls[0].split("/")[0]
+            extra["callback"] = _refusing_callback(flag.refuse, lambda value, refused, decl=decl:
+                                                   f"{decl} {value}: {refused.reason}")
         params.append(click.option(*flag.decls, field.name, help=help_text, required=flag.required,
                                    multiple=flag.multiple, **extra))
 
@@ -247,6 +249,11 @@ class Alias:
             raise NmtError(self.refusal_line(value, result))
         return result
 
+    def refused(self, value: Any) -> Refused | None:
+        """Why click's `value` is refused, or None (not given, or accepted)."""
+        result = None if value is None or value is False else self.sets(value)
+        return result if isinstance(result, Refused) else None
+
     def refusal_line(self, value: Any, refused: Refused) -> str:
         shown = self.decl if value is True else f"{self.decl} {value}"
         return f"{shown}: {refused.reason}"
@@ -293,12 +300,12 @@ def aliases_of(config_class: type) -> tuple[Alias, ...]:
     return found
 
 
-def _refusing_callback(decl: str, refuse: Callable[[Any], Any]) -> Callable:
-    """A click callback stopping the command line on a value `refuse` refuses."""
+def _refusing_callback(refuse: Callable[[Any], Refused | None], line: Callable[[Any, Refused], str]) -> Callable:
+    """A click callback stopping the command line, with `line`'s message, on a value `refuse` refuses."""
     def check(ctx: Any, param: Any, value: Any) -> Any:
         refused = refuse(value) if value is not None else None
         if refused is not None:
-            raise refused_option_class()(f"{decl} {value}: {refused.reason}")
+            raise refused_option_class()(line(value, refused))
         return value
     return check
 
@@ -307,13 +314,7 @@ def _alias_params(config_class: type) -> list[Callable[[Callable], Callable]]:
     import click
 
     def refuse_now(alias: Alias) -> Callable:
-        def check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-            if value is not None and value is not False:
-                result = alias.sets(value)
-                if isinstance(result, Refused):
-                    raise refused_option_class()(alias.refusal_line(value, result))
-            return value
-        return check
+        return _refusing_callback(alias.refused, alias.refusal_line)
 
     params = []
     for alias in aliases_of(config_class):  # nested configs' too
