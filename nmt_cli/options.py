@@ -313,20 +313,18 @@ def _refusing_callback(refuse: Callable[[Any], Refused | None], line: Callable[[
 def _alias_params(config_class: type) -> list[Callable[[Callable], Callable]]:
     import click
 
-    def refuse_now(alias: Alias) -> Callable:
-        return _refusing_callback(alias.refused, alias.refusal_line)
-
     params = []
     for alias in aliases_of(config_class):  # nested configs' too
+        refuse = _refusing_callback(alias.refused, alias.refusal_line)
         if alias.argument:
             params.append(click.argument(alias.param_name, required=False, metavar=alias.metavar,
-                                         type=alias.type, callback=refuse_now(alias)))
+                                         type=alias.type, callback=refuse))
         elif alias.type is None:
             params.append(click.option(alias.decl, alias.param_name, is_flag=True, default=False, help=alias.help,
-                                       callback=refuse_now(alias)))
+                                       callback=refuse))
         else:
             params.append(click.option(alias.decl, alias.param_name, type=alias.type, default=None, help=alias.help,
-                                       metavar=alias.metavar, show_default=False, callback=refuse_now(alias)))
+                                       metavar=alias.metavar, show_default=False, callback=refuse))
     return params
 
 
