@@ -273,7 +273,7 @@ def test_broken_files_are_one_error_line(hand_model, tmp_path):
         ("model.safetensors", (hand_model / "model.safetensors").read_bytes()[:-10], "outside the file"),
         ("model.safetensors", b"\x05\x00", "not a safetensors file"),
         ("vocab.json", json.dumps({"</s>": 0, "<unk>": 2, "<pad>": 3}).encode(), "must be the integers 0 to 2"),
-        ("config.json", b"{not json", "is not JSON"),
+        ("config.json", b"{not json", "config.json: not JSON (Expecting property name enclosed in double quotes: column 2)"),
     ]
     for name, content, message in cases:
         original = (model / name).read_bytes()

@@ -229,8 +229,8 @@ def test_plot_of_a_real_run(tmp_path: Path, data_bin: Path) -> None:
 @pytest.mark.parametrize("content, fragment", [
     (None, "no training log"),
     ("", "train_log.jsonl is empty"),
-    ('{"type": "train", "update": 1, "loss": 2.0, "wall": 1.0}\n{"type": "train", "upd\n', "train_log.jsonl:2: not a JSON record"),
-    ('[1, 2]\n', "train_log.jsonl:1: not a JSON object"),
+    ('{"type": "train", "update": 1, "loss": 2.0, "wall": 1.0}\n{"type": "train", "upd\n', "train_log.jsonl:2: not JSON (Unterminated string starting at: column 19), so not a record of `nmt train`"),
+    ('[1, 2]\n', "train_log.jsonl:1: not a JSON object (it holds a list), so not a record of `nmt train`"),
     ('{"type": "valid", "update": 1, "loss": "high"}\n', "train_log.jsonl:1: valid record's 'loss' is 'high'"),
     ('{"type": "train", "loss": 1.0}\n', "train_log.jsonl:1: a train record without an integer 'update'"),
 ])

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from nmt_cli.commands.outcome import say_outcome
 from nmt_cli.config import ExportConfig
 from nmt_cli.options import click_options, config_from_params
 
@@ -34,7 +35,5 @@ def export(**params: Any) -> None:
 
     cfg = config_from_params(ExportConfig, params)
     result = run_export(cfg)
-    if not result.written:
-        click.echo(f"{cfg.out_dir} already holds this export of {result.checkpoint}; nothing written", err=True)
-        return
-    click.echo(f"wrote {cfg.out_dir} ({cfg.format}) from {result.checkpoint}", err=True)
+    say_outcome(result.written, cfg.out_dir, f"this export of {result.checkpoint}",
+                f"wrote {cfg.out_dir} ({cfg.format}) from {result.checkpoint}")

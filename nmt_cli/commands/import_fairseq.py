@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from nmt_cli.commands.outcome import say_outcome
 from nmt_cli.interop.fairseq.importer import ImportConfig, import_fairseq as run_import
 from nmt_cli.options import click_options, config_from_params
 
@@ -29,10 +30,7 @@ def import_fairseq(**params: Any) -> None:
     """
     cfg = config_from_params(ImportConfig, params)
     result = run_import(cfg)
-    if not result.written:
-        click.echo(f"{cfg.out_dir} already holds this import (same input files); nothing written", err=True)
-        return
-    click.echo(f"wrote {result.checkpoint}", err=True)
-    if cfg.bpe_codes is None:
+    written = say_outcome(result.written, cfg.out_dir, "this import (same input files)", f"wrote {result.checkpoint}")
+    if written and cfg.bpe_codes is None:
         click.echo("note: no --bpe-codes, so the run applies no BPE: translate pre-segmented text "
                    "(--input-format bpe), and with a BPE model read the output with --output-format bpe", err=True)

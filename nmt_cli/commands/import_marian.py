@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from nmt_cli.commands.outcome import say_outcome
 from nmt_cli.interop.marian.importer import MarianImportConfig, import_marian as run_import
 from nmt_cli.options import click_options, config_from_params
 
@@ -29,7 +30,4 @@ def import_marian(**params: Any) -> None:
     """
     cfg = config_from_params(MarianImportConfig, params)
     result = run_import(cfg)
-    if not result.written:
-        click.echo(f"{cfg.out_dir} already holds this import (same input files); nothing written", err=True)
-        return
-    click.echo(f"wrote {result.checkpoint}", err=True)
+    say_outcome(result.written, cfg.out_dir, "this import (same input files)", f"wrote {result.checkpoint}")

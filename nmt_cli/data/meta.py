@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
+from nmt_cli.json_text import json_object
 
 NONE = type(None)
 # Top-level fields and the JSON types each may have (a bool is not a number).
@@ -37,13 +38,10 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise NmtError(f"no meta.json in {directory} (not a data-bin directory written by `nmt preprocess`?)")
     try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise NmtError(f"{path} is not valid JSON ({error})") from None
+        raw = path.read_bytes()
     except OSError as error:
         raise NmtError(f"cannot read {path}: {error.strerror or error}") from None
-    if not isinstance(meta, dict):
-        raise NmtError(f"{path} does not hold a JSON object (it holds a {type(meta).__name__})")
+    meta = json_object(raw, str(path))
     _check_fields(meta, FIELDS, path, "")
     for name, fields in (("tokenizer", TOKENIZER_FIELDS), ("bpe", BPE_FIELDS)):
         if isinstance(meta.get(name), dict):

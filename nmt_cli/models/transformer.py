@@ -14,6 +14,7 @@ layouts are in nmt_cli/models/decoding_state.py; the speed work that decoding ma
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,22 +63,30 @@ def make_positions_module(cfg: ModelConfig, dim: int, max_positions: int) -> nn.
     return SinusoidalPositions(dim, PAD_ID, max_positions)
 
 
-class TransformerEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+class TransformerStack(nn.Module):
+    """What the encoder and the decoder share: token embeddings scaled by sqrt(d_model) plus
+    positions (section 3.4), dropout, `num_layers` layers from `make_layer`, and with pre-norm
+    a final LayerNorm. (The order of construction is the order of a seeded initialisation's draws.)"""
+
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, max_positions: int, num_layers: int,
+                 make_layer: Callable[[], nn.Module]) -> None:
         super().__init__()
-        dim = cfg.encoder_embed_dim
+        dim = embed_tokens.embedding_dim
         self.dropout = cfg.dropout
         self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
         self.embed_scale = math.sqrt(dim) if cfg.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
-        self.embed_positions = make_positions_module(cfg, dim, cfg.max_source_positions)
-        self.layers = nn.ModuleList(
-            EncoderLayer(dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.activation_fn)
-            for _ in range(cfg.encoder_layers)
-        )
+        self.embed_positions = make_positions_module(cfg, dim, max_positions)
+        self.layers = nn.ModuleList(make_layer() for _ in range(num_layers))
         # Pre-norm leaves the last residual sum unnormalised; fairseq adds a final LayerNorm.
         self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
+
+
+class TransformerEncoder(TransformerStack):
+    def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding) -> None:
+        super().__init__(cfg, embed_tokens, cfg.max_source_positions, cfg.encoder_layers, lambda: EncoderLayer(
+            cfg.encoder_embed_dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout,
+            cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.activation_fn))
 
     def forward(self, src_tokens: Tensor, padded: bool = True) -> EncoderOut:
         """src_tokens (B, S), right-padded -> EncoderOut. `padded=False`: no row has pads
@@ -96,22 +105,13 @@ class TransformerEncoder(nn.Module):
         return EncoderOut(out=x, padding_mask=padding_mask)
 
 
-class TransformerDecoder(nn.Module):
+class TransformerDecoder(TransformerStack):
     def __init__(self, cfg: ModelConfig, embed_tokens: nn.Embedding, share_input_output: bool) -> None:
-        super().__init__()
+        super().__init__(cfg, embed_tokens, cfg.max_target_positions, cfg.decoder_layers, lambda: DecoderLayer(
+            cfg.decoder_embed_dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.dropout,
+            cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.encoder_embed_dim,
+            cfg.activation_fn))
         dim = cfg.decoder_embed_dim
-        self.dropout = cfg.dropout
-        self.lane_mask_dropout = True  # see nmt_cli/models/fast/dropout.py
-        self.embed_scale = math.sqrt(dim) if cfg.scale_embedding else 1.0
-        self.embed_tokens = embed_tokens
-        self.embed_positions = make_positions_module(cfg, dim, cfg.max_target_positions)
-        self.layers = nn.ModuleList(
-            DecoderLayer(dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.dropout,
-                         cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.encoder_embed_dim,
-                         cfg.activation_fn)
-            for _ in range(cfg.decoder_layers)
-        )
-        self.layer_norm = nn.LayerNorm(dim) if cfg.normalize_before else None
         # The decoder's first input, in place of </s>'s embedding (which is where </s> is
         # ever an input: it starts every target and ends none); None: </s>'s embedding.
         self.start_embedding = nn.Parameter(torch.zeros(dim)) if cfg.start_embedding else None

@@ -11,7 +11,6 @@ around their update.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.errors import NmtError, where
+from nmt_cli.json_text import json_object
 from nmt_cli.train.log import LOG_NAME
 
 VALID_METRICS = ("loss", "bleu", "chrf")
@@ -75,7 +75,7 @@ def read_curves(path: Path, name: str) -> RunCurves:
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if not raw.strip():
             continue
-        record = _parse(raw, path, number)
+        record = json_object(raw, where(path, number), "a record of `nmt train`")
         kind, update = record.get("type"), record.get("update")
         if kind not in ("train", "valid"):
             continue  # a record type of a later version: not a curve here
@@ -100,18 +100,6 @@ def read_curves(path: Path, name: str) -> RunCurves:
         raise NmtError(f"{path} {what}: nothing to plot")
     _fill_valid_wall(curves)
     return curves
-
-
-def _parse(raw: bytes, path: Path, number: int) -> dict:
-    try:
-        record = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise NmtError(f"{where(path, number)}: invalid UTF-8, not a record of `nmt train`") from None
-    except json.JSONDecodeError as error:
-        raise NmtError(f"{where(path, number)}: not a JSON record ({error.msg} at column {error.colno})") from None
-    if not isinstance(record, dict):
-        raise NmtError(f"{where(path, number)}: not a JSON object, so not a record of `nmt train`")
-    return record
 
 
 def _number(record: dict, key: str, path: Path, number: int, required: bool) -> float | None:

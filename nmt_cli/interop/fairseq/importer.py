@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, model_checkpoint, save_checkpoint
+from nmt_cli.checkpoints.format import check_state_dict_fits, model_checkpoint, save_checkpoint
 from nmt_cli.config import ModelConfig, optional_path
 from nmt_cli.data.dictionary import SPECIALS, read_dict_lines
 from nmt_cli.errors import NmtError, where
@@ -26,11 +26,11 @@ from nmt_cli.interop.fairseq.checkpoint import (
     model_config_from_args,
     recorded_language,
 )
-from nmt_cli.interop.imported import ImportResult
+from nmt_cli.interop.imported import (ImportResult, force_option, holds_this_import, imported_run_meta,
+                                      language_option, out_dir_option, publish_import)
 from nmt_cli.models.registry import build_model
-from nmt_cli.options import flag_option, option
-from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
+from nmt_cli.options import option
+from nmt_cli.staging import fingerprint
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
 # ---------------------------------------------------------------------------
@@ -169,19 +169,14 @@ class ImportConfig:
     checkpoint: Path = option(argument=True, path="any", to_value=Path)
     dict_dir: Path = option("--dict-dir", required=True, path="any", to_value=Path,
                             help="Directory holding the model's dict.SRC.txt and dict.TGT.txt (its data-bin).")
-    out_dir: Path = option("--out", required=True, path="any", to_value=Path,
-                           help="Run directory to write: checkpoint.pt, meta.json, dictionaries, BPE codes.")
+    out_dir: Path = out_dir_option("checkpoint.pt, meta.json, dictionaries, BPE codes")
     bpe_codes: Path | None = option(
         "--bpe-codes", default=None, path="any", to_value=optional_path,
         help="subword-nmt BPE codes the model was trained with (copied into the run); "
              "without them `nmt translate` needs pre-segmented input (--input-format bpe).")
-    source_lang: str | None = option("--source-lang", "-s", default=None,
-                                     help="Source language (default: from the checkpoint).")
-    target_lang: str | None = option("--target-lang", "-t", default=None,
-                                     help="Target language (default: from the checkpoint).")
-    # Replace an out_dir that holds anything but this same import.
-    force: bool = flag_option(
-        "--force", help="Replace an --out directory that holds anything but this same import (its files are deleted).")
+    source_lang: str | None = language_option("source", "from the checkpoint")
+    target_lang: str | None = language_option("target", "from the checkpoint")
+    force: bool = force_option()
 
 
 def import_fairseq(cfg: ImportConfig) -> ImportResult:
@@ -212,13 +207,8 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     run_files = {"checkpoint.pt", "meta.json", src_dict_path.name, tgt_dict_path.name}
     run_files |= {"bpe.codes"} if cfg.bpe_codes is not None else set()
-    already_there = check_destination(
-        cfg.out_dir, "--out", print_id, cfg.force, recorded_at=("imported_from", "fingerprint"), names=run_files,
-        others="files other than this import's (e.g. an nmt run, or another import)",
-    )
-    if already_there:
+    if holds_this_import(cfg.out_dir, print_id, cfg.force, run_files, inputs):
         return ImportResult(checkpoint_path, written=False)
-    refuse_inputs_inside(inputs, cfg.out_dir, "--out")
     with malformed_checkpoint_as_error(cfg.checkpoint):
         _check_vocab_size(loaded.weights, "encoder", src_dict, src_dict_path, cfg.checkpoint)
         _check_vocab_size(loaded.weights, "decoder", tgt_dict, tgt_dict_path, cfg.checkpoint)
@@ -235,9 +225,7 @@ def import_fairseq(cfg: ImportConfig) -> ImportResult:
     meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint, print_id)
     state = model_checkpoint(model_cfg, model.state_dict(), src_lang, tgt_lang, src_dict, tgt_dict,
                              num_updates=loaded.num_updates, epoch=0)
-    with directory_lock(cfg.out_dir, "--out"):  # not while a training run (or another import) writes there
-        build_then_publish(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state),
-                           lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
+    publish_import(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state))
     return ImportResult(checkpoint_path, written=True)
 
 
@@ -280,14 +268,9 @@ def run_meta(src_lang: str, tgt_lang: str, joined: bool, has_codes: bool, origin
 
     fairseq's `--tokenizer moses` escapes XML characters and splits hyphens
     (`-a`) and does not normalize punctuation; WMT models were trained that way.
-    The fingerprint of the inputs tells a re-run of the same import (see `staging.fingerprint`).
     """
-    return {
-        "format_version": FORMAT_VERSION,
-        "source_lang": src_lang,
-        "target_lang": tgt_lang,
-        "joined_dictionary": joined,
-        "tokenizer": {"name": "moses", "normalize_punctuation": False, "aggressive_dash_splits": True, "escape": True},
-        "bpe": {"type": "subword_nmt", "codes": "bpe.codes", "separator": "@@"} if has_codes else None,
-        "imported_from": {"toolkit": "fairseq", "checkpoint": origin.name, "fingerprint": print_id},
-    }
+    return imported_run_meta(
+        src_lang, tgt_lang, joined,
+        tokenizer={"name": "moses", "normalize_punctuation": False, "aggressive_dash_splits": True, "escape": True},
+        bpe={"type": "subword_nmt", "codes": "bpe.codes", "separator": "@@"} if has_codes else None,
+        imported_from={"toolkit": "fairseq", "checkpoint": origin.name, "fingerprint": print_id})

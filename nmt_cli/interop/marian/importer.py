@@ -24,16 +24,17 @@ from typing import Any
 
 import torch
 
-from nmt_cli.checkpoints.format import FORMAT_VERSION, check_state_dict_fits, model_checkpoint, save_checkpoint
+from nmt_cli.checkpoints.format import check_state_dict_fits, model_checkpoint, save_checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import EOS, PAD, SPECIALS, UNK
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.imported import ImportResult
+from nmt_cli.interop.imported import (ImportResult, force_option, holds_this_import, imported_run_meta,
+                                      language_option, out_dir_option, publish_import)
 from nmt_cli.interop.marian.weights import read_model_weights, weight_files
+from nmt_cli.json_text import json_object
 from nmt_cli.models.registry import build_model
-from nmt_cli.options import flag_option, option
-from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import build_then_publish, check_destination, failure_line, fingerprint, refuse_inputs_inside
+from nmt_cli.options import option
+from nmt_cli.staging import fingerprint
 from nmt_cli.text.bpe import BpeModel
 
 # The output bias of `<s>`, which Marian's vocabularies lack: far below any real logit.
@@ -47,14 +48,10 @@ class MarianImportConfig:
     """`nmt import-marian`: a Hugging Face MarianMTModel directory -> an nmt run directory."""
 
     model_dir: Path = option(argument=True, path="any", to_value=Path)
-    out_dir: Path = option("--out", required=True, path="any", to_value=Path,
-                           help="Run directory to write: checkpoint.pt, meta.json, dictionaries, sentencepiece models.")
-    source_lang: str | None = option("--source-lang", "-s", default=None,
-                                     help="Source language (default: tokenizer_config.json's source_lang).")
-    target_lang: str | None = option("--target-lang", "-t", default=None,
-                                     help="Target language (default: tokenizer_config.json's target_lang).")
-    force: bool = flag_option(
-        "--force", help="Replace an --out directory that holds anything but this same import (its files are deleted).")
+    out_dir: Path = out_dir_option("checkpoint.pt, meta.json, dictionaries, sentencepiece models")
+    source_lang: str | None = language_option("source", "tokenizer_config.json's source_lang")
+    target_lang: str | None = language_option("target", "tokenizer_config.json's target_lang")
+    force: bool = force_option()
 
 
 @dataclass(frozen=True)
@@ -102,11 +99,9 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     dict_names = {f"dict.{src_lang}.txt", f"dict.{tgt_lang}.txt"}
     checkpoint_path = cfg.out_dir / "checkpoint.pt"
-    if check_destination(cfg.out_dir, "--out", print_id, cfg.force, recorded_at=("imported_from", "fingerprint"),
-                         names={"checkpoint.pt", "meta.json", *spm_files, *dict_names},
-                         others="files other than this import's (e.g. an nmt run, or another import)"):
+    if holds_this_import(cfg.out_dir, print_id, cfg.force, {"checkpoint.pt", "meta.json", *spm_files, *dict_names},
+                         inputs):
         return ImportResult(checkpoint_path, written=False)
-    refuse_inputs_inside(inputs, cfg.out_dir, "--out")
 
     weights, sharing = convert_weights(strip_model_prefix(read_model_weights(weight_paths)), config, src_vocab,
                                        tgt_vocab, directory)
@@ -128,8 +123,7 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
         (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         save_checkpoint(state, run_dir / "checkpoint.pt")
 
-    with directory_lock(cfg.out_dir, "--out"):
-        build_then_publish(cfg.out_dir, write, lambda error: failure_line(f"writing --out {cfg.out_dir}", error))
+    publish_import(cfg.out_dir, write)
     return ImportResult(checkpoint_path, written=True)
 
 
@@ -140,15 +134,7 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise NmtError(f"{path} not found (a Hugging Face MarianMTModel directory holds it)")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as error:
-        raise NmtError(f"{path} is not valid UTF-8 (byte {error.start})") from None
-    except json.JSONDecodeError as error:
-        raise NmtError(f"{path} is not JSON: {error.msg} at line {error.lineno}") from None
-    if not isinstance(value, dict):
-        raise NmtError(f"{path} does not hold a JSON object")
-    return value
+    return json_object(path.read_bytes(), str(path))
 
 
 def check_marian(config: dict[str, Any], path: Path) -> None:
@@ -343,12 +329,8 @@ def run_meta(src_lang: str, tgt_lang: str, shared: bool, origin: Path, print_id:
     own scripts run Moses' normalize-punctuation.perl first): each side's sentencepiece
     model, whose own normalization is in the model file, segments the raw line.
     """
-    return {
-        "format_version": FORMAT_VERSION,
-        "source_lang": src_lang,
-        "target_lang": tgt_lang,
-        "joined_dictionary": shared,
-        "tokenizer": {"name": "none", "normalize_punctuation": False, "aggressive_dash_splits": False, "escape": False},
-        "bpe": {"type": "sentencepiece", "model_src": "source.spm", "model_tgt": "target.spm", "marian": True},
-        "imported_from": {"toolkit": "marian", "directory": origin.name, "fingerprint": print_id},
-    }
+    return imported_run_meta(
+        src_lang, tgt_lang, shared,
+        tokenizer={"name": "none", "normalize_punctuation": False, "aggressive_dash_splits": False, "escape": False},
+        bpe={"type": "sentencepiece", "model_src": "source.spm", "model_tgt": "target.spm", "marian": True},
+        imported_from={"toolkit": "marian", "directory": origin.name, "fingerprint": print_id})
