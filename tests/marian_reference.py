@@ -1,11 +1,11 @@
 """Hugging Face's side of tests/test_marian.py; runs in the reference environment (transformers).
 
-    python marian_reference.py build DIR SETTINGS_JSON
-        DIR holds source.spm, target.spm, vocab.json (and target_vocab.json for separate
-        vocabularies); writes a randomly initialised MarianMTModel and its tokenizer there
-        with save_pretrained.
-    python marian_reference.py generate DIR OPTIONS_JSON < sentences.json
-        prints the translations of MarianTokenizer + MarianMTModel.generate as JSON:
+    python marian_reference.py JOBS_JSON
+        JOBS_JSON: {"jobs": {NAME: {"directory": DIR, "settings": {...}, "generate": [OPTIONS, ...]}},
+        "sentences": [...]}. Each DIR holds source.spm, target.spm, vocab.json (and
+        target_vocab.json for separate vocabularies); a randomly initialised MarianMTModel
+        and its tokenizer are written there with save_pretrained. Prints, as JSON, NAME ->
+        for each OPTIONS the translations of MarianTokenizer + MarianMTModel.generate:
         [text, tokens generated] per sentence.
 """
 
@@ -72,8 +72,10 @@ def generate(directory: Path, options: dict, sentences: list[str]) -> list[list]
 
 
 if __name__ == "__main__":
-    command, directory = sys.argv[1], Path(sys.argv[2])
-    if command == "build":
-        build(directory, json.loads(sys.argv[3]))
-    else:
-        print(json.dumps(generate(directory, json.loads(sys.argv[3]), json.loads(sys.stdin.read()))))
+    spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
+    results = {}
+    for name, job in spec["jobs"].items():
+        directory = Path(job["directory"])
+        build(directory, job["settings"])
+        results[name] = [generate(directory, options, spec["sentences"]) for options in job["generate"]]
+    print(json.dumps(results))

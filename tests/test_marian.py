@@ -9,6 +9,7 @@ it, hand-written model directories check the reader, the refusals and the line g
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -34,15 +35,12 @@ WORDS = ["".join(random.Random(i).choice("abcdefghiklmnoprstu") for _ in range(r
          for i in range(120)]
 
 
+@functools.cache
 def has_transformers() -> bool:
     if not REFERENCE_PYTHON:
         return False
     probe = subprocess.run([REFERENCE_PYTHON, "-c", "import transformers, sentencepiece"], capture_output=True)
     return probe.returncode == 0
-
-
-needs_transformers = pytest.mark.skipif(not has_transformers(),
-                                        reason="needs NMT_FAIRSEQ_PYTHON with transformers (benchmarks/setup_peers.sh)")
 
 
 def sentences(seed: int, count: int) -> list[str]:
@@ -97,41 +95,47 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(CASES))
-def hf_model(request, tmp_path_factory) -> tuple[Path, Path]:
-    """(a MarianMTModel directory written by transformers, its nmt import)."""
+BEAMS = (1, 4)
+# Hugging Face's max_length counts the start token and </s>: 30 tokens before the forced </s>.
+LONGEST = 30
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory) -> dict[str, dict]:
+    """Per case: a MarianMTModel directory written by transformers, its nmt import, and what
+    MarianTokenizer + generate make of `sentences(11, 40)` with each of BEAMS (one reference
+    process for them all: importing transformers is most of its time)."""
     if not has_transformers():
         pytest.skip("needs NMT_FAIRSEQ_PYTHON with transformers (benchmarks/setup_peers.sh)")
-    root = tmp_path_factory.mktemp(request.param)
-    model_dir = root / "opus-mt-xx-yy"
-    settings = {**CASES[request.param], "source_lang": "xx", "target_lang": "yy"}
-    write_text_files(model_dir, settings["separate_vocabs"])
-    subprocess.run([REFERENCE_PYTHON, HERE / "marian_reference.py", "build", model_dir, json.dumps(settings)],
-                   check=True, capture_output=True)
-    result = nmt("import-marian", model_dir, "--out", root / "run")
-    assert result.exit_code == 0, result.output
-    return model_dir, root / "run"
+    root = tmp_path_factory.mktemp("marian")
+    jobs = {}
+    for name, case in CASES.items():
+        model_dir = root / name / "opus-mt-xx-yy"
+        write_text_files(model_dir, case["separate_vocabs"])
+        jobs[name] = {"directory": str(model_dir), "settings": {**case, "source_lang": "xx", "target_lang": "yy"},
+                      "generate": [{"beam": beam, "lenpen": 1.0, "max_length": LONGEST + 2} for beam in BEAMS]}
+    spec = root / "jobs.json"
+    spec.write_text(json.dumps({"jobs": jobs, "sentences": sentences(11, 40)}), encoding="utf-8")
+    done = subprocess.run([REFERENCE_PYTHON, HERE / "marian_reference.py", spec], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    translations = json.loads(done.stdout)
+    models = {}
+    for name, job in jobs.items():
+        result = nmt("import-marian", job["directory"], "--out", root / name / "run")
+        assert result.exit_code == 0, result.output
+        models[name] = {"run": root / name / "run", "translations": dict(zip(BEAMS, translations[name]))}
+    return models
 
 
-def hf_translations(model_dir: Path, lines: list[str], beam: int, lenpen: float, max_length: int) -> list[list]:
-    """[text, tokens generated (</s> included)] per line."""
-    options = {"beam": beam, "lenpen": lenpen, "max_length": max_length}
-    done = subprocess.run([REFERENCE_PYTHON, HERE / "marian_reference.py", "generate", model_dir, json.dumps(options)],
-                          input=json.dumps(lines), capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
-
-
-@pytest.mark.parametrize("beam", [1, 4])
-def test_translations_equal_transformers_generate(hf_model, beam, tmp_path):
-    model_dir, run = hf_model
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("beam", BEAMS)
+def test_translations_equal_transformers_generate(hf_models, case, beam, tmp_path):
+    run, theirs = hf_models[case]["run"], hf_models[case]["translations"][beam]
     lines = sentences(11, 40)
-    # Hugging Face's max_length counts the start token and </s>: 30 tokens before the forced </s>.
-    longest = 30
-    theirs = hf_translations(model_dir, lines, beam, 1.0, longest + 2)
     source = tmp_path / "in.xx"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     result = nmt("translate", "--path", run / "checkpoint.pt", "-i", source, "--beam", beam, "--lenpen", 1.0,
-                 "--max-len-a", 0, "--max-len-b", longest, "--batch-size", 7, "--output-format", "jsonl")
+                 "--max-len-a", 0, "--max-len-b", LONGEST, "--batch-size", 7, "--output-format", "jsonl")
     assert result.exit_code == 0, result.output
     ours = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(ours) == len(lines)
@@ -139,7 +143,7 @@ def test_translations_equal_transformers_generate(hf_model, beam, tmp_path):
     # log-probability in fairseq's (and nmt's): beams that reach it may rank differently.
     # Greedy search has no ranking to change.
     compared = [(hyp["hyp"], text) for hyp, (text, length) in zip(ours, theirs)
-                if beam == 1 or (len(hyp["tokens"]) <= longest and length <= longest)]
+                if beam == 1 or (len(hyp["tokens"]) <= LONGEST and length <= LONGEST)]
     assert [mine for mine, _ in compared] == [reference for _, reference in compared]
     assert len(compared) >= 20 and len({text for _, text in compared}) >= 3  # not one answer to everything
 
