@@ -22,6 +22,7 @@ import torch
 
 from fault_utils import assert_one_error, nmt, tiny_run_dir
 from databin_utils import WORDS, reversal_pairs, write_data_bin
+from fairseq_commands import fairseq_outputs
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import EOS_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDataset
@@ -332,14 +333,6 @@ def fairseq_python() -> Path:
     return FAIRSEQ_PYTHON
 
 
-def fairseq(python: Path, tool: str, *args: object) -> str:
-    env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    done = subprocess.run([str(python), "-m", f"fairseq_cli.{tool}", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
 def bpe_corpus(count: int, seed: int) -> list[tuple[str, str]]:
     """Pre-segmented text: words split into `@@ ` pieces, the target the source reversed word by word."""
     import random
@@ -365,14 +358,16 @@ def fairseq_run(fairseq_python, tmp_path_factory) -> dict:
         (root / f"{split}.de").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
         (root / f"{split}.en").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
     data_bin, save_dir = root / "data-bin", root / "checkpoints"
-    fairseq(fairseq_python, "preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", root / "train",
-            "--validpref", root / "valid", "--testpref", root / "test", "--destdir", data_bin, "--workers", "1")
-    fairseq(fairseq_python, "train", data_bin, "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
-            "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-            "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-            "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000", "--max-update", "30", "--seed", "1",
-            "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation", "--cpu", "--num-workers", "0",
-            "--log-format", "none")
+    fairseq_outputs(fairseq_python, [
+        ["preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", root / "train",
+         "--validpref", root / "valid", "--testpref", root / "test", "--destdir", data_bin, "--workers", "1"],
+        ["train", data_bin, "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
+         "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+         "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+         "--optimizer", "adam", "--lr", "0.005", "--max-tokens", "2000", "--max-update", "30", "--seed", "1",
+         "--save-dir", save_dir, "--no-epoch-checkpoints", "--disable-validation", "--cpu", "--num-workers", "0",
+         "--log-format", "none"],
+    ], root)
     run = root / "run"
     result = nmt(["import-fairseq", save_dir / "checkpoint_last.pt", "--dict-dir", data_bin, "--out", run])
     assert result.exit_code == 0, result.output
@@ -408,31 +403,21 @@ def assert_same_output(ours: list[str], theirs: list[str]) -> None:
 
 # fairseq 0.12 drops a last batch whose size is not a multiple of --required-batch-size-multiple (its
 # issue #5036) and nmt does not: the flags keep every batch whole for fairseq too (48 = 3 x 16; any size under 1).
-@pytest.mark.parametrize("flags", [
-    ("--beam", "4", "--batch-size", "16"),
-    ("--beam", "3", "--nbest", "2", "--max-tokens", "120", "--required-batch-size-multiple", "1", "--lenpen", "0.6",
-     "--unkpen", "0.5", "--remove-bpe"),
-    ("--beam", "5", "--max-len-b", "7", "--remove-bpe", "--quiet"),
-    ("--beam", "2", "--scoring", "sacrebleu", "--remove-bpe", "--max-sentences", "24"),
-    ("--score-reference", "--batch-size", "16"),
-    ("--beam", "4", "--nbest", "2", "--batch-size", "16", "--print-alignment"),
-    ("--beam", "3", "--batch-size", "16", "--print-alignment", "soft", "--remove-bpe"),
-    ("--score-reference", "--batch-size", "16", "--print-alignment", "hard"),
-], ids=["ids-bleu", "nbest-remove-bpe", "quiet-short", "sacrebleu", "score-reference", "alignment-nbest",
-        "alignment-soft", "score-reference-alignment"])
-def test_generate_prints_what_fairseq_generate_prints(fairseq_run, flags):
-    theirs = fairseq(fairseq_run["python"], "generate", fairseq_run["data_bin"], "--path", fairseq_run["checkpoint"],
-                     "--gen-subset", "test", "--cpu", *flags)
-    ours = generate(fairseq_run["data_bin"], fairseq_run["run"] / "checkpoint.pt", "--gen-subset", "test", *flags,
-                    short=False).stdout
-    assert_same_output(fairseq_lines(ours), fairseq_lines(theirs))
-    assert fairseq_lines(ours)[-1].startswith("Generate test with beam=")
-    if "--quiet" not in flags:
-        assert len(fairseq_lines(ours)) > TEST_PAIRS * 5
-        assert any("<unk>" in line for line in fairseq_lines(ours) if line.startswith("S-"))
-    if "--print-alignment" in flags:
-        nbest = int(flags[flags.index("--nbest") + 1]) if "--nbest" in flags else 1
-        assert len([line for line in fairseq_lines(ours) if line.startswith("A-")]) == TEST_PAIRS * nbest
+GENERATE_FLAGS = {
+    "ids-bleu": ("--beam", "4", "--batch-size", "16"),
+    "nbest-remove-bpe": ("--beam", "3", "--nbest", "2", "--max-tokens", "120", "--required-batch-size-multiple", "1",
+                         "--lenpen", "0.6", "--unkpen", "0.5", "--remove-bpe"),
+    "quiet-short": ("--beam", "5", "--max-len-b", "7", "--remove-bpe", "--quiet"),
+    "sacrebleu": ("--beam", "2", "--scoring", "sacrebleu", "--remove-bpe", "--max-sentences", "24"),
+    "score-reference": ("--score-reference", "--batch-size", "16"),
+    "alignment-nbest": ("--beam", "4", "--nbest", "2", "--batch-size", "16", "--print-alignment"),
+    "alignment-soft": ("--beam", "3", "--batch-size", "16", "--print-alignment", "soft", "--remove-bpe"),
+    "score-reference-alignment": ("--score-reference", "--batch-size", "16", "--print-alignment", "hard"),
+}
+ENSEMBLE_FLAGS = {
+    "search": ("--beam", "3", "--batch-size", "16", "--print-alignment"),
+    "score-reference": ("--score-reference", "--batch-size", "16", "--print-alignment"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -447,17 +432,44 @@ def second_model(fairseq_run, tmp_path_factory) -> dict:
     return {"nmt": root / "run" / "checkpoint_last.pt", "fairseq": root / "fairseq" / "checkpoint.pt"}
 
 
-@pytest.mark.parametrize("flags", [
-    ("--beam", "3", "--batch-size", "16", "--print-alignment"),
-    ("--score-reference", "--batch-size", "16", "--print-alignment"),
-], ids=["search", "score-reference"])
-def test_an_ensemble_prints_what_fairseq_generate_prints(fairseq_run, second_model, flags):
+@pytest.fixture(scope="module")
+def fairseq_generated(fairseq_run, second_model, tmp_path_factory) -> dict[tuple[str, str], str]:
+    """What fairseq-generate prints with each of GENERATE_FLAGS (fairseq's model) and of
+    ENSEMBLE_FLAGS (fairseq's model and the second one), keyed ("single" or "ensemble", name)."""
+    def command(paths: str, flags: tuple[str, ...]) -> list:
+        # --num-workers 0: batches loaded in the process (the same batches), not in a worker
+        # process whose shutdown takes seconds when the next command starts.
+        return ["generate", fairseq_run["data_bin"], "--path", paths, "--gen-subset", "test", "--cpu",
+                "--num-workers", "0", *flags]
+
+    commands = {("single", name): command(str(fairseq_run["checkpoint"]), flags) for name, flags in GENERATE_FLAGS.items()}
+    ensemble = f"{fairseq_run['checkpoint']}:{second_model['fairseq']}"
+    commands.update({("ensemble", name): command(ensemble, flags) for name, flags in ENSEMBLE_FLAGS.items()})
+    outputs = fairseq_outputs(fairseq_run["python"], list(commands.values()), tmp_path_factory.mktemp("generated"))
+    return dict(zip(commands, outputs))
+
+
+@pytest.mark.parametrize("name", GENERATE_FLAGS)
+def test_generate_prints_what_fairseq_generate_prints(fairseq_run, fairseq_generated, name):
+    flags = GENERATE_FLAGS[name]
+    ours = generate(fairseq_run["data_bin"], fairseq_run["run"] / "checkpoint.pt", "--gen-subset", "test", *flags,
+                    short=False).stdout
+    assert_same_output(fairseq_lines(ours), fairseq_lines(fairseq_generated["single", name]))
+    assert fairseq_lines(ours)[-1].startswith("Generate test with beam=")
+    if "--quiet" not in flags:
+        assert len(fairseq_lines(ours)) > TEST_PAIRS * 5
+        assert any("<unk>" in line for line in fairseq_lines(ours) if line.startswith("S-"))
+    if "--print-alignment" in flags:
+        nbest = int(flags[flags.index("--nbest") + 1]) if "--nbest" in flags else 1
+        assert len([line for line in fairseq_lines(ours) if line.startswith("A-")]) == TEST_PAIRS * nbest
+
+
+@pytest.mark.parametrize("name", ENSEMBLE_FLAGS)
+def test_an_ensemble_prints_what_fairseq_generate_prints(fairseq_run, second_model, fairseq_generated, name):
     """fairseq's model and one nmt trained: probabilities averaged, the alignment from their averaged attention."""
-    theirs = fairseq(fairseq_run["python"], "generate", fairseq_run["data_bin"], "--path",
-                     f"{fairseq_run['checkpoint']}:{second_model['fairseq']}", "--gen-subset", "test", "--cpu", *flags)
     ours = generate(fairseq_run["data_bin"], f"{fairseq_run['run'] / 'checkpoint.pt'}:{second_model['nmt']}",
-                    "--gen-subset", "test", *flags, short=False).stdout
-    assert_same_output(fairseq_lines(ours), fairseq_lines(theirs))
+                    "--gen-subset", "test", *ENSEMBLE_FLAGS[name], short=False).stdout
+    assert_same_output(fairseq_lines(ours), fairseq_lines(fairseq_generated["ensemble", name]))
     assert len([line for line in fairseq_lines(ours) if line.startswith("A-")]) == TEST_PAIRS
 
 
