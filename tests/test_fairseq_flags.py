@@ -14,11 +14,11 @@ import os
 import random
 import re
 import shlex
-import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fairseq_commands import fairseq_outputs
 
 from nmt_cli.cli import main
 from nmt_cli.config import TrainConfig, TranslateConfig
@@ -437,18 +437,33 @@ def test_raw_text_is_still_tokenized_with_moses_by_default(tmp_path: Path) -> No
 FAIRSEQ_PYTHON = os.environ.get("NMT_FAIRSEQ_PYTHON")
 
 
-@pytest.mark.skipif(not FAIRSEQ_PYTHON, reason="set NMT_FAIRSEQ_PYTHON to the fairseq environment's python")
-@pytest.mark.parametrize("extra", [[], ["--joined-dictionary", "--nwordssrc", "30"], ["--thresholdsrc", "10", "--thresholdtgt", "20"],
-                                   ["--nwordssrc", "20", "--nwordstgt", "25"]])
-def test_dictionaries_equal_fairseq_preprocess(extra: list[str], tmp_path: Path) -> None:
-    write_segmented(tmp_path / "text", {"train": 80, "valid": 10}, ("de", "en"), seed=5)
-    flags = ["--source-lang", "de", "--target-lang", "en", "--trainpref", str(tmp_path / "text" / "train"),
-             "--validpref", str(tmp_path / "text" / "valid"), "--workers", "2", *extra]
-    fairseq_preprocess = Path(FAIRSEQ_PYTHON).parent / "fairseq-preprocess"
-    subprocess.run([str(fairseq_preprocess), *flags, "--destdir", str(tmp_path / "fairseq")], check=True,
-                   capture_output=True)
-    result = nmt(["preprocess", *flags, "--destdir", tmp_path / "nmt"])
+DICTIONARY_FLAGS = [(), ("--joined-dictionary", "--nwordssrc", "30"), ("--thresholdsrc", "10", "--thresholdtgt", "20"),
+                    ("--nwordssrc", "20", "--nwordstgt", "25")]
+
+
+def preprocess_flags(text: Path, extra: tuple[str, ...]) -> list[str]:
+    return ["--source-lang", "de", "--target-lang", "en", "--trainpref", str(text / "train"),
+            "--validpref", str(text / "valid"), "--workers", "2", *extra]
+
+
+@pytest.fixture(scope="module")
+def fairseq_dictionaries(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """(the segmented text, fairseq-preprocess's destdir for each of DICTIONARY_FLAGS), in one reference process."""
+    if not FAIRSEQ_PYTHON:
+        pytest.skip("set NMT_FAIRSEQ_PYTHON to the fairseq environment's python")
+    root = tmp_path_factory.mktemp("fairseq_dictionaries")
+    write_segmented(root / "text", {"train": 80, "valid": 10}, ("de", "en"), seed=5)
+    destdirs = [root / f"fairseq{i}" for i in range(len(DICTIONARY_FLAGS))]
+    fairseq_outputs(FAIRSEQ_PYTHON, [["preprocess", *preprocess_flags(root / "text", extra), "--destdir", destdir]
+                                     for extra, destdir in zip(DICTIONARY_FLAGS, destdirs)], root)
+    return root / "text", destdirs
+
+
+@pytest.mark.parametrize("index", range(len(DICTIONARY_FLAGS)))
+def test_dictionaries_equal_fairseq_preprocess(fairseq_dictionaries, index: int, tmp_path: Path) -> None:
+    text, destdirs = fairseq_dictionaries
+    result = nmt(["preprocess", *preprocess_flags(text, DICTIONARY_FLAGS[index]), "--destdir", tmp_path / "nmt"])
     assert result.exit_code == 0, result.output
     for lang in ("de", "en"):
         ours = (tmp_path / "nmt" / f"dict.{lang}.txt").read_text(encoding="utf-8")
-        assert ours == (tmp_path / "fairseq" / f"dict.{lang}.txt").read_text(encoding="utf-8"), lang
+        assert ours == (destdirs[index] / f"dict.{lang}.txt").read_text(encoding="utf-8"), lang
