@@ -1,9 +1,9 @@
 """Reference outputs from the real fairseq, for tests/test_fairseq_import.py.
 
 Runs inside the fairseq virtual environment (scripts/setup_fairseq_env.sh), never
-imported by nmt. One call trains a tiny fairseq Transformer the way a fairseq user
-would (Moses tokenization, subword-nmt BPE, fairseq-preprocess, fairseq-train), then
-writes what fairseq computes with it as JSON:
+imported by nmt. One call trains a tiny fairseq Transformer per variant (in parallel,
+a process each) the way a fairseq user would (Moses tokenization, subword-nmt BPE,
+fairseq-preprocess, fairseq-train), then writes what fairseq computes with them as JSON:
 
     python fairseq_reference.py SPEC.json OUT.json
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -233,6 +234,14 @@ def reference_for_variant(spec: dict, variant: dict, work: Path, codes: Path) ->
     return result
 
 
+def variants_in_parallel(spec: dict, work: Path, codes: Path) -> dict:
+    """reference_for_variant of every variant, each in a process of its own (one thread each:
+    the variants share nothing but the BPE codes)."""
+    with multiprocessing.get_context("fork").Pool(len(spec["variants"])) as pool:
+        results = pool.starmap(reference_for_variant, [(spec, variant, work, codes) for variant in spec["variants"]])
+    return {variant["name"]: result for variant, result in zip(spec["variants"], results)}
+
+
 def main() -> None:
     spec = json.loads(Path(sys.argv[1]).read_text(encoding="utf-8"))
     work = Path(spec["workdir"])
@@ -254,7 +263,7 @@ def main() -> None:
         "bpe_v01_codes": str(old_codes),
         "bpe_v01_probe": {line: old_bpe.process_line(line) for line in spec["bpe_probe"]},
         "dict_probe": probe_dictionary(spec["dict_probe"], work),
-        "variants": {v["name"]: reference_for_variant(spec, v, work, codes) for v in spec["variants"]},
+        "variants": variants_in_parallel(spec, work, codes),
     }
     Path(sys.argv[2]).write_text(json.dumps(result), encoding="utf-8")
 
