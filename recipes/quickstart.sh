@@ -11,7 +11,8 @@
 # MAX_TOKENS, DROPOUT, AVERAGE (checkpoints to average), SAVE_INTERVAL_UPDATES, LR, WARMUP,
 # TRAIN_FLAGS (more `nmt train` flags), SELECT (average: translate the average of the last
 # AVERAGE update checkpoints; bleu: score validation BLEU at each epoch's validation with the
-# test's search settings and translate the checkpoint with the best one).
+# test's search settings and translate the checkpoint with the best one), and the search:
+# BEAM, LENPEN, MAX_LEN_A, MAX_LEN_B.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,7 +35,7 @@ WARMUP=${WARMUP:-480}
 TRAIN_FLAGS=${TRAIN_FLAGS:-}
 SELECT=${SELECT:-average}
 # One search for the test set and, with SELECT=bleu, for the validation BLEU that selects.
-BEAM=4 LENPEN=0.6 MAX_LEN_A=1 MAX_LEN_B=50
+BEAM=${BEAM:-4} LENPEN=${LENPEN:-0.6} MAX_LEN_A=${MAX_LEN_A:-1} MAX_LEN_B=${MAX_LEN_B:-50}
 SEARCH_FLAGS=(--beam "$BEAM" --lenpen "$LENPEN" --max-len-a "$MAX_LEN_A" --max-len-b "$MAX_LEN_B")
 SELECT_FLAGS=()
 case $SELECT in
