@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
-from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string
+from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string, default_device
 from nmt_cli.options import (Alias, Refused, choice_alias, flag_of, flag_option, no_effect_alias, option, refused_alias,
                              switch_alias, value_alias)
 
@@ -565,10 +565,8 @@ class GenerateConfig:
 
     @property
     def device(self) -> str:
-        """cuda where one is available, unless --cpu (torch is imported only here)."""
-        import torch
-
-        return "cpu" if self.cpu or not torch.cuda.is_available() else "cuda"
+        """cuda where one is available, unless --cpu."""
+        return "cpu" if self.cpu else default_device()
 # --- export (nmt export) ------------------------------------------------------------------
 
 EXPORT_FORMATS = ("ctranslate2", "fairseq")

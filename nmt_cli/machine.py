@@ -16,6 +16,14 @@ from nmt_cli.errors import NmtError
 _DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]{0,5}))?")
 
 
+def default_device(cuda: str = "cuda") -> str:
+    """`cuda` (a CUDA device string) when torch sees a GPU, else the CPU: the device of a
+    command whose --device is not given."""
+    import torch
+
+    return cuda if torch.cuda.is_available() else "cpu"
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, where the OS has one)."""
     try:

@@ -27,40 +27,43 @@ REPLACED = ".old-"
 T = TypeVar("T")
 
 
+def recorded_in_meta(*keys: str) -> Callable[[Path], Any]:
+    """What a directory's meta.json records at `keys` (e.g. "imported_from", "fingerprint");
+    None when there is no such value."""
+    def recorded(directory: Path) -> Any:
+        try:
+            value = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    return recorded
+
+
 def check_destination(dest: Path, flag: str, print_id: str, force: bool, *,
-                      recorded_at: tuple[str, ...] = ("fingerprint",), names: set[str] | None = None,
-                      others: str = "a different dataset (or other files)") -> bool:
+                      recorded: Callable[[Path], Any] = recorded_in_meta("fingerprint"),
+                      names: set[str] | None = None, others: str = "a different dataset (or other files)") -> bool:
     """Whether the directory `dest` (given as `flag`) already holds the output `print_id`
     identifies, so that there is nothing to do.
 
-    It does when its meta.json records `print_id` under the keys `recorded_at` and, with
-    `names`, it holds exactly the files `names`. False when `dest` is missing or empty, or
-    with --force (the caller replaces it); otherwise NmtError, saying that it holds
-    `others`: the output replaces the whole directory, so its files are only deleted
-    when asked to.
+    It does when `recorded(dest)` is `print_id` and, with `names`, it holds exactly the
+    files `names`. False when `dest` is missing or empty, or with --force (the caller
+    replaces it); otherwise NmtError, saying that it holds `others`: the output replaces
+    the whole directory, so its files are only deleted when asked to.
     """
     if dest.exists() and not dest.is_dir():
         raise NmtError(f"{flag} {dest} exists and is not a directory")
     if not dest.exists() or not any(dest.iterdir()) or force:
         return False
     same_files = names is None or {path.name for path in dest.iterdir()} == names
-    if same_files and _recorded(dest / "meta.json", recorded_at) == print_id:
+    if same_files and recorded(dest) == print_id:
         return True
     raise NmtError(
         f"{flag} {dest} already holds {others}; "
         f"pass --force to replace the directory (deleting its files), or choose another {flag}"
     )
-
-
-def _recorded(meta_path: Path, keys: tuple[str, ...]) -> Any:
-    """The value at `keys` of the JSON object in `meta_path`; None when there is none."""
-    try:
-        value = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
 
 
 def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callable[[OSError], str]) -> T:

@@ -186,7 +186,7 @@ def test_token_log_probs_equal_summed_teacher_forcing_one_sentence_at_a_time():
     padded = torch.full((3, 6), PAD_ID)
     for i, t in enumerate(targets):
         padded[i, : len(t)] = torch.tensor(t)
-    batched = token_log_probs(model, source, padded)
+    batched = token_log_probs([model], source, padded)
     assert torch.allclose(batched, token_log_probs([model, model], source, padded))  # one model twice: itself
     for i, t in enumerate(targets):
         row = source[i : i + 1, : int(source[i].ne(PAD_ID).sum())]
@@ -243,10 +243,10 @@ def test_alignment_of_a_hand_set_attention_pattern_gives_the_known_pairs():
     model = hand_set_attention_model()
     source = torch.tensor([[5, 9, 7, 12, EOS_ID], [12, 5, EOS_ID, PAD_ID, PAD_ID]])
     targets = [[9, 12, 7, 5, EOS_ID], [12, 12, 5, EOS_ID]]
-    positions = hard_alignment(model, source, targets, layer=0)
+    positions = hard_alignment([model], source, targets, layer=0)
     # Target t attends to where its previous token (BOS: 5) sits in the source.
     assert positions == [[0, 1, 3, 2], [1, 0, 0]]
-    alone = [hard_alignment(model, source[i : i + 1, : int(source[i].ne(PAD_ID).sum())], [t], 0)[0]
+    alone = [hard_alignment([model], source[i : i + 1, : int(source[i].ne(PAD_ID).sum())], [t], 0)[0]
              for i, t in enumerate(targets)]
     assert alone == positions
     # Pieces to words: source "▁a ▁bc d ▁e" (words 0 1 1 2), target "▁x y ▁z ▁w" (0 0 1 2).

@@ -17,6 +17,7 @@ import click
 from nmt_cli.config import DEFAULT_BUFFER_SIZE, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import opened, published_output, refuse_overwriting_inputs
+from nmt_cli.machine import default_device
 from nmt_cli.options import click_options, config_from_params, option
 
 
@@ -30,12 +31,6 @@ class Streams:
         "--output", "-o", default="-", show_default=True, metavar="FILE",
         help="Where translations go, one line per input line; - writes stdout. A file appears "
              "only when complete (written under a hidden temporary name, then renamed).")
-
-
-def _default_device(precision: str) -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() and precision != "int8" else "cpu"
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -73,7 +68,8 @@ def translate(**params: Any) -> None:
     cfg = config_from_params(
         TranslateConfig, params,
         buffer_size=(1 if reading_terminal else DEFAULT_BUFFER_SIZE) if buffer_size is None else buffer_size,
-        device=params["device"] or _default_device(params["precision"]),
+        # int8 runs on the CPU only.
+        device=params["device"] or ("cpu" if params["precision"] == "int8" else default_device()),
     )
     run(cfg, streams.input_path, streams.output_path)
 

@@ -96,7 +96,7 @@ class CTranslate2Engine:
         if cfg.decode.sampling:
             ct2.set_random_seed(cfg.decode.seed)
         # No nmt model: the search step is CTranslate2's (see Translator._search).
-        self.models = LoadedModels(decoder=None, src_dict=src_dict, tgt_dict=tgt_dict,  # type: ignore[arg-type]
+        self.models = LoadedModels(decoder=None, transformers=[], src_dict=src_dict, tgt_dict=tgt_dict,  # type: ignore[arg-type]
                                    source_lang=info.source_lang, target_lang=info.target_lang,
                                    max_source_positions=info.max_source_positions,
                                    max_target_positions=info.max_target_positions)

@@ -34,13 +34,12 @@ def previous_tokens(tgt_tokens: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def token_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
+def token_log_probs(models: Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
     """Per-token log-probabilities (B, T), float32, of `tgt_tokens` (B, T) given
     `src_tokens` (B, S), both right-padded with `<pad>` and ending in `</s>`; 0 at pads.
 
     Several models are an ensemble: probabilities averaged, as in search (decode/ensemble.py).
     """
-    models = as_models(models)
     prev = previous_tokens(tgt_tokens)
     per_model = []
     for model in models:
@@ -50,7 +49,7 @@ def token_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Ten
     return lprobs.masked_fill(tgt_tokens.eq(PAD_ID), 0.0)
 
 
-def reference_log_probs(models: Transformer | Sequence[Transformer], src_tokens: Tensor,
+def reference_log_probs(models: Sequence[Transformer], src_tokens: Tensor,
                         references: Sequence[Sequence[int]]) -> list[Tensor]:
     """Each reference's per-token log-probabilities (T_i,), float32 on the CPU, given the
     sources `src_tokens` (B, S); each reference is an id list ending in `</s>`."""
@@ -58,23 +57,13 @@ def reference_log_probs(models: Transformer | Sequence[Transformer], src_tokens:
     return [row[: len(ids)] for row, ids in zip(lprobs, references)]
 
 
-def transformers_of(decoder: object) -> list[Transformer]:
-    """The models of a loaded decoder: an ensemble's (decode/ensemble.py), or the one model."""
-    return list(decoder.models) if hasattr(decoder, "models") else [decoder]  # type: ignore[list-item]
-
-
-def as_models(models: Transformer | Sequence[Transformer]) -> list[Transformer]:
-    return [models] if isinstance(models, Transformer) else list(models)
-
-
 @torch.no_grad()
-def cross_attention(models: Transformer | Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor,
+def cross_attention(models: Sequence[Transformer], src_tokens: Tensor, tgt_tokens: Tensor,
                     layer: int) -> Tensor:
     """Decoder layer `layer`'s cross-attention probabilities averaged over heads, (B, T, S):
     row t is the attention of the position that predicts target token t. A negative `layer`
     counts from the last. An ensemble's attention is the mean of its models' (each at its
     own `layer`), as fairseq's ensemble returns it."""
-    models = as_models(models)
     total = sum(_layer_cross_attention(m, src_tokens, tgt_tokens, layer % len(m.decoder.layers)) for m in models)
     return total / len(models)
 
@@ -101,7 +90,7 @@ def _layer_cross_attention(model: Transformer, src_tokens: Tensor, tgt_tokens: T
     raise ValueError(f"layer {layer} is outside the decoder's {len(decoder.layers)} layers")
 
 
-def hard_alignment(models: Transformer | Sequence[Transformer], src_tokens: Tensor, tgt_rows: Sequence[Sequence[int]],
+def hard_alignment(models: Sequence[Transformer], src_tokens: Tensor, tgt_rows: Sequence[Sequence[int]],
                    layer: int) -> list[list[int]]:
     """For each target (an id list ending in `</s>`) of the sources `src_tokens` (N, S), the
     source position each of its tokens but the `</s>` attends most in decoder layer

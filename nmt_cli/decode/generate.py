@@ -32,7 +32,7 @@ from nmt_cli.config import GENERATE_MAX_TOKENS, GenerateConfig
 from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK, UNK_ID, Dictionary
 from nmt_cli.data.pairs import PairDataset, load_data_bin, padded_rows
 from nmt_cli.decode.loading import LoadedModels, load_models
-from nmt_cli.decode.forced import cross_attention, hard_alignment, pad_rows, reference_log_probs, transformers_of
+from nmt_cli.decode.forced import cross_attention, hard_alignment, pad_rows, reference_log_probs
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
@@ -201,7 +201,7 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
 def scored_references(models: LoadedModels, src_tokens: torch.Tensor, targets: list[list[int]]) -> list[list[Hypothesis]]:
     """`--score-reference`, as fairseq's SequenceScorer: each target (ids ending in `</s>`) by
     teacher forcing, its score the mean of its tokens' log-probabilities (no length penalty)."""
-    per_token = reference_log_probs(transformers_of(models.decoder), src_tokens, targets)
+    per_token = reference_log_probs(models.transformers, src_tokens, targets)
     return [[Hypothesis(ids, float(lprobs.sum() / len(ids)), lprobs.tolist())] for ids, lprobs in zip(targets, per_token)]
 
 
@@ -219,7 +219,7 @@ def alignment_texts(cfg: GenerateConfig, models: LoadedModels, src_tokens: torch
     printed = [(row, hyp.tokens) for row, hyps in enumerate(hypotheses) for hyp in hyps[: cfg.decode.nbest]]
     if not printed:
         return [[] for _ in hypotheses]
-    ensemble = transformers_of(models.decoder)
+    ensemble = models.transformers
     sources = src_tokens[torch.tensor([row for row, _ in printed], device=src_tokens.device)]
     targets = [tokens for _, tokens in printed]
     source_lengths = sources.ne(PAD_ID).sum(dim=1).tolist()

@@ -24,6 +24,7 @@ from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.host_memory import release_freed_memory
 from nmt_cli.models.fast.int8 import quantize_linears
 from nmt_cli.models.fast.packed import pack_linears
+from nmt_cli.models.transformer import Transformer
 from nmt_cli.text.pipeline import SUBWORD_NMT_MARKER, TextPipeline
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 from nmt_cli.text.tokenizer import TokenizerSettings
@@ -34,6 +35,7 @@ class LoadedModels:
     """An ensemble (one model or several) and what describes its inputs and outputs."""
 
     decoder: IncrementalDecoder
+    transformers: list[Transformer]  # the models, in --path order (teacher forcing runs them one by one)
     src_dict: Dictionary
     tgt_dict: Dictionary
     source_lang: str
@@ -83,6 +85,7 @@ def load_models(paths: tuple[str, ...], device: torch.device, precision: str = "
     release_freed_memory()
     return LoadedModels(
         decoder=models[0] if len(models) == 1 else Ensemble(models),
+        transformers=models,
         src_dict=dictionary_from_symbols(dicts[0][0], paths[0]),
         tgt_dict=dictionary_from_symbols(dicts[0][1], paths[0]),
         source_lang=languages[0],

@@ -23,7 +23,7 @@ from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.decode.constraints import ConstraintSet
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
-from nmt_cli.decode.forced import hard_alignment, reference_log_probs, transformers_of
+from nmt_cli.decode.forced import hard_alignment, reference_log_probs
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
 from nmt_cli.decode.guided import (GuidedLine, format_alignment, parse_line, replace_unknowns, word_alignment,
                                    word_indices)
@@ -281,7 +281,7 @@ class Translator:
 
     def _score_references(self, src_tokens: torch.Tensor, references: list[list[int]]) -> list[list[Hypothesis]]:
         """Each reference as a hypothesis scored by teacher forcing: score = summed log-prob."""
-        per_token = reference_log_probs(transformers_of(self.models.decoder), src_tokens, references)
+        per_token = reference_log_probs(self.models.transformers, src_tokens, references)
         out = []
         for ids, lprobs in zip(references, per_token):
             scores = lprobs.tolist()
@@ -294,13 +294,13 @@ class Translator:
         flat = [(b, h) for b, hyps in enumerate(hypotheses) for h in hyps]
         if not flat:
             return
-        model = transformers_of(self.models.decoder)[0]
+        model = self.models.transformers[0]
         layers = len(model.decoder.layers)
         layer = self.cfg.guided.alignment_layer
         if not -layers <= layer < layers:
             raise NmtError(f"--alignment-layer {layer} is outside the model's {layers} decoder layers")
         src = src_tokens[torch.tensor([b for b, _ in flat], device=src_tokens.device)]
-        positions = hard_alignment(model, src, [h.tokens for _, h in flat], layer % layers)
+        positions = hard_alignment([model], src, [h.tokens for _, h in flat], layer % layers)
         for (_, hyp), row in zip(flat, positions):
             hyp.source_positions = row
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.source import ExportSource, content_fingerprint, load_export_source
-from nmt_cli.staging import build_then_publish, failure_line, refuse_inputs_inside
+from nmt_cli.staging import build_then_publish, check_destination, failure_line, refuse_inputs_inside
 
 
 @dataclass(frozen=True)
@@ -33,13 +33,8 @@ def export(cfg: ExportConfig) -> ExportResult:
     """Write `cfg.out_dir` in `cfg.format`."""
     source = load_export_source(cfg.source)
     print_id = export_fingerprint(source, cfg.format, cfg.quantization)
-    if _holds_export(cfg.out_dir, print_id) and not cfg.force:
+    if check_destination(cfg.out_dir, "OUT", print_id, cfg.force, recorded=_recorded_fingerprint, others="other files"):
         return ExportResult(cfg.out_dir, source.checkpoint, written=False)
-    if cfg.out_dir.exists() and not cfg.out_dir.is_dir():
-        raise NmtError(f"OUT {cfg.out_dir} exists and is not a directory")
-    if cfg.out_dir.is_dir() and any(cfg.out_dir.iterdir()) and not cfg.force:
-        raise NmtError(f"OUT {cfg.out_dir} already holds other files; pass --force to replace the directory "
-                       "(deleting its files), or choose another OUT")
     refuse_inputs_inside([source.checkpoint, *source.text_files], cfg.out_dir, "OUT")
     build_then_publish(cfg.out_dir, lambda staging: write_export(source, staging, cfg.format, cfg.quantization, print_id),
                        lambda error: failure_line(f"writing {cfg.out_dir}", error))
@@ -63,16 +58,16 @@ def write_export(source: ExportSource, directory: Path, export_format: str, quan
 FAIRSEQ_FINGERPRINT = "nmt_export.fingerprint"
 
 
-def _holds_export(out_dir: Path, print_id: str) -> bool:
-    """Whether `out_dir` is an export of exactly these inputs."""
+def _recorded_fingerprint(out_dir: Path) -> str | None:
+    """The fingerprint an export in `out_dir` records; None where there is none."""
     from nmt_cli.interop.ctranslate2.export import EXPORT_INFO, ExportInfo
 
     if (out_dir / EXPORT_INFO).is_file():
         try:
-            return ExportInfo.read(out_dir).fingerprint == print_id
+            return ExportInfo.read(out_dir).fingerprint
         except NmtError:
-            return False
+            return None
     try:
-        return (out_dir / FAIRSEQ_FINGERPRINT).read_text(encoding="utf-8").strip() == print_id
+        return (out_dir / FAIRSEQ_FINGERPRINT).read_text(encoding="utf-8").strip()
     except OSError:
-        return False
+        return None

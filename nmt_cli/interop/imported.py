@@ -18,7 +18,7 @@ from typing import Any
 from nmt_cli.checkpoints.format import FORMAT_VERSION
 from nmt_cli.options import flag_option, option
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import build_then_publish, check_destination, failure_line, refuse_inputs_inside
+from nmt_cli.staging import build_then_publish, check_destination, failure_line, recorded_in_meta, refuse_inputs_inside
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def holds_this_import(out_dir: Path, print_id: str, force: bool, names: set[str]
     """True when `out_dir` already holds the import fingerprinted `print_id` (of the run
     files `names`); NmtError when it holds anything else and not `force`, or when an input
     lies inside it (replacing it would delete the input)."""
-    if check_destination(out_dir, "--out", print_id, force, recorded_at=("imported_from", "fingerprint"),
+    if check_destination(out_dir, "--out", print_id, force, recorded=recorded_in_meta("imported_from", "fingerprint"),
                          names=names, others="files other than this import's (e.g. an nmt run, or another import)"):
         return True
     refuse_inputs_inside(inputs, out_dir, "--out")

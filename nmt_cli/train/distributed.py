@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from nmt_cli.errors import NmtError
-from nmt_cli.machine import check_cuda_device
+from nmt_cli.machine import check_cuda_device, default_device
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def _env_int(name: str, default: int) -> int:
 def choose_device(device: str, local_rank: int) -> torch.device:
     """`auto`: this rank's GPU when there is one, else the CPU."""
     if device == "auto":
-        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+        device = default_device(f"cuda:{local_rank}")
     elif device == "cuda":
         device = f"cuda:{local_rank}"
     chosen = torch.device(device)
