@@ -8,7 +8,9 @@ from typing import Any
 
 from nmt_cli.errors import NmtError
 
-_TYPE_NAMES = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "true or false"}
+# What each type json.loads returns is called in messages.
+JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number",
+              bool: "true or false", type(None): "null"}
 
 
 def json_object(raw: bytes, place: str, holds: str | None = None) -> dict[str, Any]:
@@ -23,5 +25,5 @@ def json_object(raw: bytes, place: str, holds: str | None = None) -> dict[str, A
         at = f"column {error.colno}" if error.lineno == 1 else f"line {error.lineno}, column {error.colno}"
         raise NmtError(f"{place}: not JSON ({error.msg}: {at}){so_not}") from None
     if not isinstance(value, dict):
-        raise NmtError(f"{place}: not a JSON object (it holds {_TYPE_NAMES.get(type(value), 'null')}){so_not}")
+        raise NmtError(f"{place}: not a JSON object (it holds {JSON_NAMES[type(value)]}){so_not}")
     return value

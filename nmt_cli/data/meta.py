@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
-from nmt_cli.json_text import json_object
+from nmt_cli.json_text import JSON_NAMES, json_object
 
 NONE = type(None)
 # Top-level fields and the JSON types each may have (a bool is not a number).
@@ -55,13 +55,10 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
 def _check_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]], path: Path, prefix: str) -> None:
     for name, allowed in fields.items():
         if name in values and not _has_type(values[name], allowed):
-            expected = " or ".join("null" if t is NONE else _JSON_NAMES[t] for t in allowed)
+            expected = " or ".join(JSON_NAMES[t] for t in allowed)
             shown = json.dumps(values[name])
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             raise NmtError(f"{path}: field {prefix}{name} is {shown}, not {expected}")
-
-
-_JSON_NAMES = {int: "an integer", str: "a string", bool: "true or false", dict: "an object", list: "a list"}
 
 
 def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
