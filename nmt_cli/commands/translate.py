@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import sys
@@ -93,6 +94,10 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         if workers is not None:
             translator = workers.use(translator)
         sink = stack.enter_context(published_output(output_path))
+        # What is alive now (the modules, the model) stays alive while lines stream through:
+        # the cyclic collector need not scan it in the full collections their objects cause.
+        gc.freeze()
+        stack.callback(gc.unfreeze)
         started, lines_done = time.monotonic(), 0
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         lines = read_lines(source, source_name, cfg.errors)
