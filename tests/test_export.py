@@ -279,8 +279,7 @@ def test_fairseq_export_then_import_is_the_identity_on_weights(run_dir, tmp_path
     assert back["num_updates"] == original["num_updates"]
 
 
-@pytest.mark.skipif(not os.environ.get("NMT_FAIRSEQ_PYTHON"), reason="needs NMT_FAIRSEQ_PYTHON (fairseq's environment)")
-def test_fairseq_interactive_on_the_export_gives_nmts_hypotheses(run_dir, tmp_path):
+def test_fairseq_interactive_on_the_export_gives_nmts_hypotheses(run_dir, fairseq_python, tmp_path):
     out = tmp_path / "fs"
     assert nmt("export", "--format", "fairseq", str(run_dir), str(out)).exit_code == 0
     text = sentences_text(200)
@@ -291,7 +290,7 @@ def test_fairseq_interactive_on_the_export_gives_nmts_hypotheses(run_dir, tmp_pa
                      input=text))
     env = {**os.environ, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}  # fairseq 0.12 with torch >= 2.6
     fairseq = subprocess.run(
-        [os.environ["NMT_FAIRSEQ_PYTHON"], "-m", "fairseq_cli.interactive", str(out), "--path", str(out / "checkpoint.pt"),
+        [str(fairseq_python), "-m", "fairseq_cli.interactive", str(out), "--path", str(out / "checkpoint.pt"),
          "-s", "en", "-t", "de", "--beam", "4", "--max-len-a", "1", "--max-len-b", "5", "--input", str(tmp_path / "src.bpe"),
          "--batch-size", "64", "--buffer-size", "1000", "--cpu"], capture_output=True, text=True, env=env, timeout=300)
     assert fairseq.returncode == 0, fairseq.stderr[-2000:]

@@ -434,9 +434,6 @@ def test_raw_text_is_still_tokenized_with_moses_by_default(tmp_path: Path) -> No
     assert "," in (tmp_path / "bin" / "dict.de.txt").read_text().split()  # `Hello,` split by Moses
 
 
-FAIRSEQ_PYTHON = os.environ.get("NMT_FAIRSEQ_PYTHON")
-
-
 DICTIONARY_FLAGS = [(), ("--joined-dictionary", "--nwordssrc", "30"), ("--thresholdsrc", "10", "--thresholdtgt", "20"),
                     ("--nwordssrc", "20", "--nwordstgt", "25")]
 
@@ -447,14 +444,12 @@ def preprocess_flags(text: Path, extra: tuple[str, ...]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def fairseq_dictionaries(tmp_path_factory) -> tuple[Path, list[Path]]:
+def fairseq_dictionaries(fairseq_python, tmp_path_factory) -> tuple[Path, list[Path]]:
     """(the segmented text, fairseq-preprocess's destdir for each of DICTIONARY_FLAGS), in one reference process."""
-    if not FAIRSEQ_PYTHON:
-        pytest.skip("set NMT_FAIRSEQ_PYTHON to the fairseq environment's python")
     root = tmp_path_factory.mktemp("fairseq_dictionaries")
     write_segmented(root / "text", {"train": 80, "valid": 10}, ("de", "en"), seed=5)
     destdirs = [root / f"fairseq{i}" for i in range(len(DICTIONARY_FLAGS))]
-    fairseq_outputs(FAIRSEQ_PYTHON, [["preprocess", *preprocess_flags(root / "text", extra), "--destdir", destdir]
+    fairseq_outputs(fairseq_python, [["preprocess", *preprocess_flags(root / "text", extra), "--destdir", destdir]
                                      for extra, destdir in zip(DICTIONARY_FLAGS, destdirs)], root)
     return root / "text", destdirs
 

@@ -35,7 +35,6 @@ from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-FAIRSEQ_PYTHON = Path(os.environ.get("NMT_FAIRSEQ_PYTHON", REPO / ".venv-fairseq" / "bin" / "python"))
 TOLERANCE = 1e-4
 TRAIN_LINES, TEST_LINES, SCORE_PAIRS = 2000, 120, 16
 BEAM, LENPEN, MAX_LEN_A, MAX_LEN_B = 4, 0.6, 0, 60
@@ -57,17 +56,6 @@ BPE_V01_CODES = "a a\nr a\ne </w>\nS t\nst r\naa a\na a\nß e</w>\n"
 BPE_PROBE = ["a", "aaaaaa", "Straße Strasse raaa e", "  leading and trailing  ", "der  Hund , der &apos;s", "Übermäßig straße x y z",
              "ein Mann mit einem orangefarbenen Hut , der etwas anstarrt ."]
 
-
-
-@pytest.fixture(scope="session")
-def fairseq_python() -> Path:
-    """The fairseq environment's interpreter; skips the test when it cannot import fairseq."""
-    if not FAIRSEQ_PYTHON.exists():
-        pytest.skip(f"no fairseq environment at {FAIRSEQ_PYTHON} (run scripts/setup_fairseq_env.sh or set NMT_FAIRSEQ_PYTHON)")
-    check = subprocess.run([str(FAIRSEQ_PYTHON), "-c", "import fairseq, sacremoses, subword_nmt"], capture_output=True, text=True)
-    if check.returncode != 0:
-        pytest.skip(f"{FAIRSEQ_PYTHON} cannot import fairseq, sacremoses and subword_nmt: {check.stderr.strip().splitlines()[-1:]}")
-    return FAIRSEQ_PYTHON
 
 
 def corpus() -> dict[str, dict[str, list[str]]]:

@@ -10,10 +10,8 @@ rules worked out for chosen lengths, and BLEU against counts done by hand.
 from __future__ import annotations
 
 import math
-import os
 import re
 import struct
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +29,6 @@ from nmt_cli.scoring.fairseq_bleu import FairseqBleu
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
-REPO = Path(__file__).resolve().parents[1]
-FAIRSEQ_PYTHON = Path(os.environ.get("NMT_FAIRSEQ_PYTHON", REPO / ".venv-fairseq" / "bin" / "python"))
 SHORT = ["--max-len-b", "12"]
 TEST_PAIRS = 48  # of the fairseq comparison  # a random model rarely stops by itself
 TIMING = re.compile(r"^Translated (\d[\d,]*) sentences \((\d[\d,]*) tokens\) in "
@@ -321,16 +317,6 @@ def test_bad_input_is_one_error_line(workspace, tmp_path):
 
 
 # --- against the real fairseq ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def fairseq_python() -> Path:
-    if not FAIRSEQ_PYTHON.exists():
-        pytest.skip(f"no fairseq environment at {FAIRSEQ_PYTHON} (set NMT_FAIRSEQ_PYTHON)")
-    check = subprocess.run([str(FAIRSEQ_PYTHON), "-c", "import fairseq"], capture_output=True, text=True)
-    if check.returncode != 0:
-        pytest.skip(f"{FAIRSEQ_PYTHON} cannot import fairseq")
-    return FAIRSEQ_PYTHON
 
 
 def bpe_corpus(count: int, seed: int) -> list[tuple[str, str]]:
