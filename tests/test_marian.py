@@ -267,11 +267,23 @@ def test_what_nmt_cannot_compute_is_refused_by_name(tmp_path, change, message):
     assert "Traceback" not in result.output and not (tmp_path / "run").exists()
 
 
+def copy_model(source: Path, dest: Path, leave_out: str | None = None) -> Path:
+    """A copy of the model directory `source` at `dest`, without the file `leave_out`."""
+    dest.mkdir()
+    for name in os.listdir(source):
+        if name != leave_out:
+            (dest / name).write_bytes((source / name).read_bytes())
+    return dest
+
+
+def imported_weights(model_dir: Path, run: Path) -> dict[str, torch.Tensor]:
+    """The weights of `nmt import-marian model_dir --out run`."""
+    assert nmt("import-marian", model_dir, "--out", run).exit_code == 0
+    return load_checkpoint(run / "checkpoint.pt")["model"]
+
+
 def test_broken_files_are_one_error_line(hand_model, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    for name in os.listdir(hand_model):
-        (model / name).write_bytes((hand_model / name).read_bytes())
+    model = copy_model(hand_model, tmp_path / "model")
     weights = read_safetensors(model / "model.safetensors")
     cases = [
         ("model.safetensors", (hand_model / "model.safetensors").read_bytes()[:-10], "outside the file"),
@@ -296,11 +308,7 @@ def test_broken_files_are_one_error_line(hand_model, tmp_path):
 
 
 def test_sharded_safetensors_read_as_one_file(hand_model, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    for name in os.listdir(hand_model):
-        if name != "model.safetensors":
-            (model / name).write_bytes((hand_model / name).read_bytes())
+    model = copy_model(hand_model, tmp_path / "model", leave_out="model.safetensors")
     weights = read_safetensors(hand_model / "model.safetensors")
     names = sorted(weights)
     halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
@@ -308,10 +316,7 @@ def test_sharded_safetensors_read_as_one_file(hand_model, tmp_path):
         write_safetensors(model / shard, {name: weights[name] for name in shard_names})
     index = {"weight_map": {name: shard for shard, shard_names in halves.items() for name in shard_names}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
-    assert nmt("import-marian", model, "--out", tmp_path / "sharded").exit_code == 0
-    assert nmt("import-marian", hand_model, "--out", tmp_path / "single").exit_code == 0
-    sharded = load_checkpoint(tmp_path / "sharded" / "checkpoint.pt")["model"]
-    single = load_checkpoint(tmp_path / "single" / "checkpoint.pt")["model"]
+    sharded, single = imported_weights(model, tmp_path / "sharded"), imported_weights(hand_model, tmp_path / "single")
     assert sharded.keys() == single.keys() and all(torch.equal(sharded[k], single[k]) for k in single)
     (model / "model-00002-of-00002.safetensors").unlink()
     result = nmt("import-marian", model, "--out", tmp_path / "broken")
@@ -319,17 +324,10 @@ def test_sharded_safetensors_read_as_one_file(hand_model, tmp_path):
 
 
 def test_pytorch_model_bin_is_read_without_running_its_code(hand_model, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    for name in os.listdir(hand_model):
-        if name != "model.safetensors":
-            (model / name).write_bytes((hand_model / name).read_bytes())
+    model = copy_model(hand_model, tmp_path / "model", leave_out="model.safetensors")
     torch.save(read_safetensors(hand_model / "model.safetensors"), model / "pytorch_model.bin")
-    assert nmt("import-marian", model, "--out", tmp_path / "from-bin").exit_code == 0
-    assert nmt("import-marian", hand_model, "--out", tmp_path / "from-safetensors").exit_code == 0
-    ours = load_checkpoint(tmp_path / "from-bin" / "checkpoint.pt")["model"]
-    reference = load_checkpoint(tmp_path / "from-safetensors" / "checkpoint.pt")["model"]
-    assert all(torch.equal(ours[k], reference[k]) for k in reference)
+    ours, reference = imported_weights(model, tmp_path / "from-bin"), imported_weights(hand_model, tmp_path / "from-safetensors")
+    assert ours.keys() == reference.keys() and all(torch.equal(ours[k], reference[k]) for k in reference)
 
     class Payload:
         def __reduce__(self):
