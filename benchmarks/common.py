@@ -22,7 +22,6 @@ REPO_ROOT = BENCHMARKS_DIR.parent
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 PEER_VENV = BENCHMARKS_DIR / ".venv"
 PEER_PYTHON = PEER_VENV / "bin" / "python"
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
 def peer_has(*modules: str) -> bool:
@@ -87,12 +86,18 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _rss_bytes(pid: int) -> int:
+def status_kib(pid: int, fields: tuple[str, ...]) -> dict[str, int]:
+    """Fields of /proc/PID/status in KiB (e.g. VmRSS, RssAnon); 0 where the process is gone."""
+    values = dict.fromkeys(fields, 0)
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * PAGE_BYTES
-    except (OSError, IndexError, ValueError):
-        return 0
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                name = line.split(":", 1)[0]
+                if name in values:
+                    values[name] = int(line.split()[1])
+    except OSError:
+        pass
+    return values
 
 
 def process_tree(root: int) -> list[int]:
@@ -105,22 +110,24 @@ def process_tree(root: int) -> list[int]:
     return pids
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of `root` and all its descendants, summed (worker pools count in full)."""
-    return sum(_rss_bytes(pid) for pid in process_tree(root))
-
-
 class PeakTreeRss:
-    """Samples tree_rss_bytes(pid) every `interval` seconds in a thread; `.peak` holds the maximum."""
+    """Samples, every `interval` seconds in a thread, the resident memory of `pid` and all its
+    descendants, summed (worker pools count in full): `.peak_mib` the largest VmRSS sum,
+    `.peak_anon_mib` the largest RssAnon sum (memory not backed by files, such as mmaps)."""
 
     def __init__(self, pid: int, interval: float = 0.05) -> None:
-        self.pid, self.interval, self.peak = pid, interval, 0
+        self.pid, self.interval = pid, interval
+        self.peak_mib = self.peak_anon_mib = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss_bytes(self.pid))
+            rss = anon = 0
+            for pid in process_tree(self.pid):
+                status = status_kib(pid, ("VmRSS", "RssAnon"))
+                rss, anon = rss + status["VmRSS"], anon + status["RssAnon"]
+            self.peak_mib, self.peak_anon_mib = max(self.peak_mib, rss / 1024), max(self.peak_anon_mib, anon / 1024)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "PeakTreeRss":
@@ -167,7 +174,7 @@ def run_measured(command: list[str], env: dict[str, str] | None = None, cwd: Pat
     # it only tells about this command when the command set a new maximum.
     single = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     single_mib = single / 1024 if single > before else float("nan")
-    return CommandRun(seconds, sampler.peak / 2**20, single_mib, stdout)
+    return CommandRun(seconds, sampler.peak_mib, single_mib, stdout)
 
 
 # ---------------------------------------------------------------- machine and result lines

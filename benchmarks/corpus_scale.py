@@ -38,60 +38,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from common import machine_line, process_tree
+from common import PeakTreeRss, machine_line, status_kib
 
 WMT14_EN_FR_PAIRS = 36_000_000
 SRC, TGT = "src", "tgt"
 CHUNK = 1_000_000  # pairs generated at a time: bounds this script's own memory
-
-
-# ---------------------------------------------------------------- memory of a process tree
-
-
-def _status_kib(pid: int, fields: tuple[str, ...]) -> dict[str, int]:
-    values = dict.fromkeys(fields, 0)
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                name = line.split(":", 1)[0]
-                if name in values:
-                    values[name] = int(line.split()[1])
-    except OSError:
-        pass
-    return values
-
-
-class PeakMemory:
-    """Samples the summed VmRSS and RssAnon of a process tree in a thread; peaks in MiB."""
-
-    def __init__(self, pid: int, interval: float = 0.01) -> None:
-        self.pid, self.interval = pid, interval
-        self.rss_mib = self.anon_mib = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = anon = 0
-            for pid in process_tree(self.pid):
-                status = _status_kib(pid, ("VmRSS", "RssAnon"))
-                rss, anon = rss + status["VmRSS"], anon + status["RssAnon"]
-            self.rss_mib, self.anon_mib = max(self.rss_mib, rss / 1024), max(self.anon_mib, anon / 1024)
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> "PeakMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 @dataclass
@@ -108,12 +64,12 @@ def measure(command: list[str]) -> Measured:
     start = time.perf_counter()
     proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    with PeakMemory(proc.pid) as peak:
+    with PeakTreeRss(proc.pid, interval=0.01) as peak:
         stdout, stderr = proc.communicate()
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(command[:4])} ... exited {proc.returncode}: {stderr.strip()[-2000:]}")
-    return Measured(seconds, peak.rss_mib, peak.anon_mib, stdout, stderr)
+    return Measured(seconds, peak.peak_mib, peak.peak_anon_mib, stdout, stderr)
 
 
 # ---------------------------------------------------------------- generated corpora
@@ -210,7 +166,7 @@ def line(label: str, run: Measured, extra: str = "") -> str:
 
 
 def own_anon_mib() -> float:
-    return _status_kib(os.getpid(), ("RssAnon",))["RssAnon"] / 1024
+    return status_kib(os.getpid(), ("RssAnon",))["RssAnon"] / 1024
 
 
 def plan_only(data_bin: Path) -> None:
