@@ -6,7 +6,7 @@
         (fairseq_cli.TOOL.cli_main with those arguments), in order; OUTPUTS_JSON gets what
         each wrote to stdout. Importing fairseq is most of a short command's time.
 
-The tests call `fairseq_outputs` (this module imports nothing of fairseq's at the top, so
+The tests call `run_fairseq_commands` (this module imports nothing of fairseq's at the top, so
 nmt's environment imports it too).
 """
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 
-def fairseq_outputs(python: str | Path, commands: list[list[object]], work: Path) -> list[str]:
+def run_fairseq_commands(python: str | Path, commands: list[list[object]], work: Path) -> list[str]:
     """What each of `commands` ([tool, arg, ...]) writes to stdout, run in order by the
     reference environment's `python` (one thread; `work` holds the command list)."""
     spec, outputs = work / "fairseq_commands.json", work / "fairseq_outputs.json"

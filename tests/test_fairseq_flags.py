@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fairseq_commands import fairseq_outputs
+from fairseq_commands import run_fairseq_commands
 
 from nmt_cli.cli import main
 from nmt_cli.config import TrainConfig, TranslateConfig
@@ -449,8 +449,9 @@ def fairseq_dictionaries(fairseq_python, tmp_path_factory) -> tuple[Path, list[P
     root = tmp_path_factory.mktemp("fairseq_dictionaries")
     write_segmented(root / "text", {"train": 80, "valid": 10}, ("de", "en"), seed=5)
     destdirs = [root / f"fairseq{i}" for i in range(len(DICTIONARY_FLAGS))]
-    fairseq_outputs(fairseq_python, [["preprocess", *preprocess_flags(root / "text", extra), "--destdir", destdir]
-                                     for extra, destdir in zip(DICTIONARY_FLAGS, destdirs)], root)
+    commands = [["preprocess", *preprocess_flags(root / "text", extra), "--destdir", destdir]
+                for extra, destdir in zip(DICTIONARY_FLAGS, destdirs)]
+    run_fairseq_commands(fairseq_python, commands, root)
     return root / "text", destdirs
 
 

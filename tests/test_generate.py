@@ -20,7 +20,7 @@ import torch
 
 from fault_utils import assert_one_error, nmt, tiny_run_dir
 from databin_utils import WORDS, reversal_pairs, write_data_bin
-from fairseq_commands import fairseq_outputs
+from fairseq_commands import run_fairseq_commands
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
 from nmt_cli.data.dictionary import EOS_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDataset
@@ -344,7 +344,7 @@ def fairseq_run(fairseq_python, tmp_path_factory) -> dict:
         (root / f"{split}.de").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
         (root / f"{split}.en").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
     data_bin, save_dir = root / "data-bin", root / "checkpoints"
-    fairseq_outputs(fairseq_python, [
+    run_fairseq_commands(fairseq_python, [
         ["preprocess", "--source-lang", "de", "--target-lang", "en", "--trainpref", root / "train",
          "--validpref", root / "valid", "--testpref", root / "test", "--destdir", data_bin, "--workers", "1"],
         ["train", data_bin, "--arch", "transformer", "--encoder-layers", "2", "--decoder-layers", "2",
@@ -431,7 +431,7 @@ def fairseq_generated(fairseq_run, second_model, tmp_path_factory) -> dict[tuple
     commands = {("single", name): command(str(fairseq_run["checkpoint"]), flags) for name, flags in GENERATE_FLAGS.items()}
     ensemble = f"{fairseq_run['checkpoint']}:{second_model['fairseq']}"
     commands.update({("ensemble", name): command(ensemble, flags) for name, flags in ENSEMBLE_FLAGS.items()})
-    outputs = fairseq_outputs(fairseq_run["python"], list(commands.values()), tmp_path_factory.mktemp("generated"))
+    outputs = run_fairseq_commands(fairseq_run["python"], list(commands.values()), tmp_path_factory.mktemp("generated"))
     return dict(zip(commands, outputs))
 
 
