@@ -8,6 +8,7 @@ dozen Adam steps on a copy task.
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import shutil
@@ -223,6 +224,17 @@ def test_stdin_to_stdout_keeps_one_line_per_input_line(run_dir):
     assert all(out[i] for i in (0, 3, 4, 5))  # a trained-a-little model always says something here
     assert "<stdin>:5" in result.stderr and "truncated" in result.stderr
     assert "<stdin>:1:" not in result.stderr
+
+
+def test_the_collector_freeze_ends_with_the_command(run_dir):
+    """translate freezes what is alive while lines stream (see commands/translate.py), and
+    unfreezes it when it ends, even on an error: a process that goes on (the Python API's,
+    a test run) keeps collecting its garbage."""
+    assert gc.get_freeze_count() == 0
+    assert nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, input="the red ball .\n").exit_code == 0
+    assert gc.get_freeze_count() == 0
+    assert nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, input=b"ok\n\xff\n").exit_code == 1
+    assert gc.get_freeze_count() == 0
 
 
 def test_output_order_does_not_depend_on_batching(run_dir):
