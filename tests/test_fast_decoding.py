@@ -1,13 +1,14 @@
 """The reference Transformer, without any of nmt_cli/models/fast/ (REFERENCE_DECODING,
 plain linear layers, torch's dropout), against the model as `nmt translate` runs it on
 a CPU (the default DecodingOptions, and packed or int8 linear layers): the same
-hypotheses, greedy and beam, on several batch shapes."""
+hypotheses, greedy and beam, on several batch shapes; the same encoder output at every
+token when its layers run on token rows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from model_utils import EOS, SRC_V, TGT_V, eos_prone, source_batch, tiny_model
+from model_utils import EOS, PAD, SRC_V, TGT_V, eos_prone, source_batch, tiny_model
 
 from nmt_cli.config import DecodeConfig
 from nmt_cli.decode.search import generate
@@ -16,6 +17,7 @@ from nmt_cli.models.fast.beam_slots import BeamSlotKV
 from nmt_cli.models.fast.dropout import set_lane_mask_dropout
 from nmt_cli.models.fast.options import REFERENCE_DECODING, DecodingOptions
 from nmt_cli.models.fast.packed import pack_linears, packed_unavailable_reason
+from nmt_cli.models.fast.token_rows import TokenRows
 
 BATCHES = [
     pytest.param([7], id="one-sentence"),
@@ -78,6 +80,43 @@ def test_each_model_takes_the_layouts_its_options_select() -> None:
     assert caches["reference"].cross.keys_t is None and caches["reference"].buffers.pool is None
     assert isinstance(caches["fast"].self_attn, BeamSlotKV) and caches["fast"].cross.keys_t is not None
     assert caches["fast"].buffers.pool is fast.cache_buffers
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-norm", "pre-norm"])
+def test_the_encoder_on_token_rows_is_the_padded_one_at_every_token(normalize_before: bool) -> None:
+    reference = tiny_model(48, decoding=REFERENCE_DECODING, normalize_before=normalize_before)
+    fast = tiny_model(48, decoding=DecodingOptions(), normalize_before=normalize_before)
+    src = source_batch([3, 9, 1, 6], SRC_V, seed=49)
+    layer_inputs = []
+    hook = fast.encoder.layers[0].register_forward_pre_hook(lambda m, args: layer_inputs.append(args[0].shape))
+    got, want = fast.encode(src), reference.encode(src)
+    hook.remove()
+    tokens = src.ne(PAD)
+    assert layer_inputs == [torch.Size([int(tokens.sum()), fast.cfg.encoder_embed_dim])]  # pads skipped the layers
+    torch.testing.assert_close(got.out[tokens], want.out[tokens], atol=1e-12, rtol=0)
+    assert not got.out[~tokens].any()
+    assert torch.equal(got.padding_mask, want.padding_mask)
+    got_cross, want_cross = fast.cross_attention_state(got), reference.cross_attention_state(want)
+    # (L, 2, B, H, S, Dh): the tokens' keys and values as the reference's, zeros at the (masked) pads.
+    torch.testing.assert_close(got_cross.kv.movedim(4, 3)[:, :, tokens], want_cross.kv.movedim(4, 3)[:, :, tokens],
+                               atol=1e-12, rtol=0)
+    assert not got_cross.kv.movedim(4, 3)[:, :, ~tokens].any()
+    assert torch.equal(got_cross.mask, want_cross.mask)
+
+
+def test_token_rows_pack_and_unpack_a_batch_with_enough_pads() -> None:
+    padding_mask = torch.tensor([[False, False, True], [False, True, True]])
+    rows = TokenRows.worth_packing(padding_mask)
+    assert rows is not None and rows.index.tolist() == [0, 1, 3]
+    x = torch.arange(12.0).view(2, 3, 2)
+    assert rows.pack(x).tolist() == [[0.0, 1.0], [2.0, 3.0], [6.0, 7.0]]
+    assert rows.unpack(rows.pack(x)).tolist() == [[[0.0, 1.0], [2.0, 3.0], [0.0, 0.0]],
+                                                  [[6.0, 7.0], [0.0, 0.0], [0.0, 0.0]]]
+    # No pads, or too few to pay for the copies: every position runs.
+    assert TokenRows.worth_packing(torch.zeros(4, 5, dtype=torch.bool)) is None
+    one_pad_in_forty = torch.zeros(4, 10, dtype=torch.bool)
+    one_pad_in_forty[3, 9] = True
+    assert TokenRows.worth_packing(one_pad_in_forty) is None
 
 
 def test_without_lane_masks_training_dropout_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -520,7 +520,7 @@ def test_encoder_input_is_scaled_embedding_plus_sinusoid() -> None:
         model.encoder.embed_tokens.weight[PAD] = 1.0  # even so, pads enter the layers as zeros (fairseq)
     captured = {}
     hook = model.encoder.layers[0].register_forward_pre_hook(lambda m, args: captured.update(x=args[0]))
-    model.encode(SRC)
+    model.encoder(SRC)  # padded layout (decoding's `encode` may hand the layers token rows)
     hook.remove()
     table = torch.tensor(naive_fairseq_sinusoids(20, 32, PAD), dtype=torch.float64)
     emb = model.encoder.embed_tokens.weight

@@ -31,6 +31,7 @@ from nmt_cli.models.fast.dropout import maybe_dropout
 
 if TYPE_CHECKING:
     from nmt_cli.models.decoding_state import LayerKV
+    from nmt_cli.models.fast.token_rows import TokenRows
 
 
 def sinusoidal_table(num_positions: int, dim: int, padding_idx: int) -> Tensor:
@@ -240,12 +241,18 @@ class SelfAttention(nn.Module):
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool) -> Tensor:
-        """Full-sequence attention: x (B, T, D) -> (B, T, D)."""
-        q, k, v = split_heads(self.in_proj(x), 3, self.num_heads)  # each (B, H, T, Dh)
+    def forward(self, x: Tensor, attn_mask: Tensor | None, is_causal: bool,
+                token_rows: TokenRows | None = None) -> Tensor:
+        """Full-sequence attention: x (B, T, D) -> (B, T, D). With `token_rows`, x and the
+        result hold the batch's token positions only, (N, D), and attention alone runs on
+        the padded layout (nmt_cli/models/fast/token_rows.py)."""
+        qkv = self.in_proj(x)
+        if token_rows is not None:
+            qkv = token_rows.unpack(qkv)
+        q, k, v = split_heads(qkv, 3, self.num_heads)  # each (B, H, T, Dh)
         dropout = self.attention_dropout if self.training else 0.0
-        out = sequence_attention(q, k, v, attn_mask, dropout, is_causal)
-        return self.out_proj(merge_heads(out))
+        out = merge_heads(sequence_attention(q, k, v, attn_mask, dropout, is_causal))
+        return self.out_proj(out if token_rows is None else token_rows.pack(out))
 
     def forward_cached(self, x: Tensor, cache: LayerKV) -> Tensor:
         """Decoding: new tokens x (B*K, n, D) -> (B*K, n, D), attending over the earlier
@@ -276,9 +283,14 @@ class CrossAttention(nn.Module):
         nn.init.xavier_uniform_(self.out_proj.weight)
         nn.init.zeros_(self.out_proj.bias)
 
-    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        """Encoder output (B, S, D) -> keys and values, (B, H, S, Dh) each."""
-        k, v = split_heads(self.kv_proj(memory), 2, self.num_heads)
+    def project_kv(self, memory: Tensor, token_rows: TokenRows | None = None) -> tuple[Tensor, Tensor]:
+        """Encoder output (B, S, D) -> keys and values, (B, H, S, Dh) each. With
+        `token_rows`, memory holds the token positions only, (N, D); the pads' keys and
+        values are zeros."""
+        kv = self.kv_proj(memory)
+        if token_rows is not None:
+            kv = token_rows.unpack(kv)
+        k, v = split_heads(kv, 2, self.num_heads)
         return k, v
 
     def forward(self, x: Tensor, kv: tuple[Tensor, Tensor], attn_mask: Tensor | None) -> Tensor:
@@ -361,10 +373,11 @@ class EncoderLayer(nn.Module):
         self.fc2 = _linear(ffn_dim, dim)
         self.final_layer_norm = nn.LayerNorm(dim)
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None) -> Tensor:
-        """x (B, S, D), attn_mask (B, 1, 1, S) or None (no pads) -> (B, S, D)."""
+    def forward(self, x: Tensor, attn_mask: Tensor | None, token_rows: TokenRows | None = None) -> Tensor:
+        """x (B, S, D), attn_mask (B, 1, 1, S) or None (no pads) -> (B, S, D); with
+        `token_rows`, x and the result are the token positions' rows (N, D)."""
         w = self.wiring
-        h = self.self_attn(w.before(x, self.self_attn_layer_norm), attn_mask, False)
+        h = self.self_attn(w.before(x, self.self_attn_layer_norm), attn_mask, False, token_rows)
         x = w.after(h, x, self.self_attn_layer_norm)
         h = w.feed_forward(w.before(x, self.final_layer_norm), self.fc1, self.fc2)
         return w.after(h, x, self.final_layer_norm)

@@ -30,6 +30,7 @@ from nmt_cli.models.fast.buffer_pool import BufferPool
 from nmt_cli.models.fast.dropout import maybe_dropout, set_lane_mask_dropout
 from nmt_cli.models.fast.logits import vocabulary_logits
 from nmt_cli.models.fast.options import DecodingOptions
+from nmt_cli.models.fast.token_rows import TokenRows
 from nmt_cli.models.layers import (
     DecoderLayer,
     EncoderLayer,
@@ -88,9 +89,10 @@ class TransformerEncoder(TransformerStack):
             cfg.encoder_embed_dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout,
             cfg.attention_dropout, cfg.activation_dropout, cfg.normalize_before, cfg.activation_fn))
 
-    def forward(self, src_tokens: Tensor, padded: bool = True) -> EncoderOut:
+    def forward(self, src_tokens: Tensor, padded: bool = True, token_rows: TokenRows | None = None) -> EncoderOut:
         """src_tokens (B, S), right-padded -> EncoderOut. `padded=False`: no row has pads
-        (see Transformer.forward)."""
+        (see Transformer.forward). `token_rows` (of src_tokens' pads): the layers run on
+        the tokens alone and the output is zero at the pads (nmt_cli/models/fast/token_rows.py)."""
         padding_mask = src_tokens.eq(PAD_ID)  # (B, S)
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)  # (B, S, D)
         x = maybe_dropout(x, self.dropout, self.training, self.lane_mask_dropout)
@@ -98,10 +100,14 @@ class TransformerEncoder(TransformerStack):
         if padded:
             x = x.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # as fairseq: pads enter the layers as zeros
             attn_mask = key_padding_to_attn_mask(padding_mask)  # (B, 1, 1, S)
+        if token_rows is not None:
+            x = token_rows.pack(x)  # (N, D)
         for layer in self.layers:
-            x = layer(x, attn_mask)
+            x = layer(x, attn_mask, token_rows)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
+        if token_rows is not None:
+            x = token_rows.unpack(x)
         return EncoderOut(out=x, padding_mask=padding_mask)
 
 
@@ -228,7 +234,14 @@ class Transformer(nn.Module):
         return self.decoding.sentence_drop_fraction if on_cpu else 0.0
 
     def encode(self, src_tokens: Tensor) -> EncoderOut:
-        return self.encoder(src_tokens)
+        return self.encoder(src_tokens, token_rows=self._token_rows(src_tokens.eq(PAD_ID)))
+
+    def _token_rows(self, padding_mask: Tensor) -> TokenRows | None:
+        """The token rows that decoding's encoder and cross-attention projections run
+        on, or None: every position (see DecodingOptions.token_rows)."""
+        if not self.decoding.token_rows or padding_mask.device.type != "cpu":
+            return None
+        return TokenRows.worth_packing(padding_mask)
 
     def new_cache(self) -> DecoderCache:
         """An empty cache for a search; the first `decode_step` fills it."""
@@ -297,9 +310,11 @@ class Transformer(nn.Module):
     def cross_attention_state(self, encoder_out: EncoderOut) -> CrossAttentionState:
         """Every decoder layer's cross-attention keys and values for `encoder_out`, and its mask."""
         layers = self.decoder.layers
+        token_rows = self._token_rows(encoder_out.padding_mask)
+        memory = encoder_out.out if token_rows is None else token_rows.pack(encoder_out.out)
         # project_kv gives keys and values (B, H, S, Dh) per layer; stacked as (L, 2, B, H, S, Dh)
         # in one copy.
-        keys_values = [part for layer in layers for part in layer.encoder_attn.project_kv(encoder_out.out)]
+        keys_values = [part for layer in layers for part in layer.encoder_attn.project_kv(memory, token_rows)]
         cross_kv = torch.stack(keys_values).unflatten(0, (len(layers), 2))
         # An additive float mask (0 or -inf), made once: a bool mask would be converted on every call.
         allowed = key_padding_to_attn_mask(encoder_out.padding_mask)  # (B, 1, 1, S)

@@ -6,5 +6,6 @@ explicitly: the linear layers by `nmt_cli.decode.loading.prepare_linears` (`pack
 weights packed for oneDNN, float32 and bf16 on a CPU; `int8.py`: 8-bit integer
 products; `linear_swap.py`: what they share), the decoding cache by the model's
 `DecodingOptions` (`beam_slots.py`: the CPU layout that beam reordering leaves in
-place; `buffer_pool.py`: CPU cache buffers reused from batch to batch).
+place; `buffer_pool.py`: CPU cache buffers reused from batch to batch; `token_rows.py`:
+the encoder and the cross-attention projections on a padded batch's tokens alone).
 """

@@ -34,7 +34,11 @@ class DecodingOptions:
     first_step_once: bool = True
     # The output projection through oneDNN's kernel (fast/logits.py) rather than F.linear.
     onednn_logits: bool = True
+    # The encoder, and the cross-attention keys and values, computed on a padded batch's
+    # tokens alone, not on its pads (fast/token_rows.py).
+    token_rows: bool = True
 
 
 REFERENCE_DECODING = DecodingOptions(beam_slot_cache=False, sentence_drop_fraction=0.0, pooled_buffers=False,
-                                     transposed_cross_keys=False, first_step_once=False, onednn_logits=False)
+                                     transposed_cross_keys=False, first_step_once=False, onednn_logits=False,
+                                     token_rows=False)
