@@ -99,6 +99,16 @@ def test_attention_kernels_time_torch_choice_with_and_without_masks() -> None:
     assert figure(match[3]) == pytest.approx(figure(match[1]) / figure(match[2]), abs=0.01 + 0.01 * figure(match[3]))
 
 
+def test_encoder_padding_times_both_ways_at_each_share_of_pads() -> None:
+    lines = run_benchmark("encoder_padding.py", "--arch", "transformer_tiny", "--vocab", "50", "--batch-size", "4",
+                          "--length", "6", "--pad-shares", "0,0.25", "--repeats", "2")
+    for share in ("0%", "25%"):
+        packed = figure(re.search(rf" {NUMBER} ms", line_starting(lines, f"nmt token rows, {share} pads  "))[1])
+        padded = figure(re.search(rf" {NUMBER} ms", line_starting(lines, f"padded, {share} pads  "))[1])
+        ratio = printed_ratio(line_starting(lines, f"ratio nmt / best peer (padded), {share} pads"))
+        assert ratio == pytest.approx(padded / packed, abs=0.006 + 0.01 * ratio)
+
+
 def test_loss_speed_prints_a_ratio_per_precision() -> None:
     lines = run_benchmark("loss_speed.py", "--rows", "64", "--vocab", "100", "--repeats", "1", "--threads", "1")
     for precision in ("fp32", "bf16"):
