@@ -5,7 +5,7 @@ attention (the projections, the feed-forward, residuals, LayerNorms) acts on eac
 position alone, so it can run on the positions that hold tokens, packed into rows, and
 leave the pads out; attention alone needs the padded (B, S) layout, with zeros at the
 pads (their keys are masked). A batch that many clients fill at once mixes lengths, and
-its pads can be a third of its positions. The output is the reference encoder's at every
+a quarter of its positions or more can be pads. The output is the reference encoder's at every
 token, and zero at the pads, which cross-attention masks.
 """
 
