@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,7 +29,7 @@ from nmt_cli.models.transformer import EncoderOut
 from nmt_cli.text.bpe import BpeModel
 from tests.model_utils import eos_prone, source_batch, tiny_model
 from tests.test_search import A, B, C, D, RandomDecoder, ScriptedDecoder, dist, src
-from tests.test_translate import FAST, load, nmt, one_thread, run_dir  # noqa: F401 (fixtures)
+from tests.test_translate import FAST, generated_sentences, load, nmt, one_thread, run_dir  # noqa: F401 (fixtures)
 
 CPU = torch.device("cpu")
 
@@ -384,3 +387,20 @@ def test_replace_unk_copies_the_whole_aligned_source_word():
     out = replace_unknowns([WORD_START + "the", "<unk>", WORD_START + "is", "<unk>"], source, [1, 3, 0, 0], bpe, bpe,
                            "<unk>")
     assert out == [WORD_START + "the", WORD_START + "Goldschmiedes", WORD_START + "is", WORD_START + "Zeit"]
+
+
+def test_the_guided_decoding_benchmark_times_every_feature_against_plain_search(run_dir, tmp_path):
+    """benchmarks/guided_decoding.py on the tiny run, its copy task's sources as their own references."""
+    text = tmp_path / "test.txt"
+    text.write_text("".join(s + "\n" for s in generated_sentences(6, seed=16)), encoding="utf-8")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "guided_decoding.py"
+    result = subprocess.run([sys.executable, str(script), str(run_dir / "checkpoint_best.pt"), str(text), str(text),
+                             "--sentences", "6", "--repeats", "1", "--max-len-a", "1", "--max-len-b", "5"],
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {line.split("\t")[0]: line.split("\t") for line in result.stdout.splitlines() if "\t" in line}
+    assert list(rows) == ["plain beam search", "prefix (2 words)", "1 constraint", "2 constraints",
+                          "--print-alignment", "--score-reference"]
+    assert rows["plain beam search"][3] == "1.00x plain time"
+    for name in ("1 constraint", "2 constraints"):  # constrained search puts every phrase in its output
+        assert rows[name][4] == "phrases in output: 6/6"
