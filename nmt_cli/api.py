@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from nmt_cli.checkpoints.names import resolve_checkpoint
 from nmt_cli.config import DecodeConfig, TranslateConfig
-from nmt_cli.errors import NmtError
 
 if TYPE_CHECKING:  # torch is imported when a model is loaded, not with nmt_cli
     from nmt_cli.decode.translator import Translation, Translator
