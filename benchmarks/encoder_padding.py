@@ -4,10 +4,10 @@ Before its first decoding step, a search runs the encoder and projects every dec
 layer's cross-attention keys and values (`Transformer.encode`, then
 `cross_attention_state`). On a CPU nmt runs both on the batch's token positions alone
 and leaves the pads out of everything but attention (nmt_cli/models/fast/token_rows.py),
-once its pads are more than `FEWEST_PADS` of its positions. This times that work both
-ways on one batch shape with a growing share of pads (each sentence cut by the same few
-tokens), to show what the token rows save and where they stop paying; the threshold is
-set aside here so that every share is packed. The peer is the padded reference path.
+once its pads are at least `DecodingOptions.token_rows_from_pads` of its positions. This
+times that work both ways on one batch shape with a growing share of pads (spread evenly
+over the sentences), to show what the token rows save and where they stop paying (that
+share is set to 0 here, so that every batch is packed). The peer is the padded path.
 
     python benchmarks/encoder_padding.py                          # transformer_small, random weights
     python benchmarks/encoder_padding.py --path run/ --batch-size 32 --length 30
@@ -26,11 +26,10 @@ import torch
 from common import machine_line, ratio_line, result_line
 
 from nmt_cli.checkpoints.names import resolve_checkpoint
+from nmt_cli.data.dictionary import PAD_ID
 from nmt_cli.decode.loading import load_models, prepare_linears
-from nmt_cli.models.fast import token_rows
 from nmt_cli.models.registry import build_model, resolve_config
 
-PAD = 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=8000, help="random weights' vocabulary (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences (default: %(default)s)")
     p.add_argument("--length", type=int, default=30, help="the longest sentence, in tokens (default: %(default)s)")
-    p.add_argument("--pad-shares", default="0,0.02,0.05,0.1,0.2,0.33", help="(default: %(default)s)")
+    p.add_argument("--pad-shares", default="0,0.02,0.05,0.1,0.2,0.33",
+                   help="shares of pads to time, comma-separated (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=31, help="timed calls per way; the median counts (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="(default: %(default)s)")
     return p.parse_args(argv)
@@ -64,7 +64,7 @@ def padded_batch(batch_size: int, length: int, pad_share: float, vocab: int) -> 
     for i in range(round(pad_share * batch_size * length)):
         lengths[i % batch_size] -= 1
     for row, row_length in enumerate(lengths):
-        tokens[row, max(row_length, 1):] = PAD
+        tokens[row, max(row_length, 1):] = PAD_ID
     return tokens
 
 
@@ -75,7 +75,8 @@ def medians_ms(model: torch.nn.Module, src: torch.Tensor, repeats: int) -> dict[
     with torch.inference_mode():
         for i in range(repeats + 3):  # three untimed warm-up rounds
             for use_token_rows in (i % 2 == 0, i % 2 == 1):
-                model.decoding = dataclasses.replace(model.decoding, token_rows=use_token_rows)
+                from_pads = 0.0 if use_token_rows else None
+                model.decoding = dataclasses.replace(model.decoding, token_rows_from_pads=from_pads)
                 start = time.perf_counter()
                 model.cross_attention_state(model.encode(src))
                 if i >= 3:
@@ -88,14 +89,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     model = load_model(args)
     vocab = model.encoder.embed_tokens.num_embeddings
-    token_rows.FEWEST_PADS = -1.0  # pack every batch, to see where packing stops paying
     print(machine_line())
     print(f"# {args.batch_size} sentences of at most {args.length} tokens, {args.threads} thread(s); "
           "encoder and cross-attention keys/values, median of "
           f"{args.repeats} calls")
     for share in (float(s) for s in args.pad_shares.split(",")):
         src = padded_batch(args.batch_size, args.length, share, vocab)
-        real_share = float(src.eq(PAD).float().mean())
+        real_share = float(src.eq(PAD_ID).float().mean())
         medians = medians_ms(model, src, args.repeats)
         padded, packed = medians[False], medians[True]
         print(result_line(f"nmt token rows, {real_share:.0%} pads", {"ms": f"{packed:.2f}"}))

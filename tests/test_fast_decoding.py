@@ -106,17 +106,19 @@ def test_the_encoder_on_token_rows_is_the_padded_one_at_every_token(normalize_be
 
 def test_token_rows_pack_and_unpack_a_batch_with_enough_pads() -> None:
     padding_mask = torch.tensor([[False, False, True], [False, True, True]])
-    rows = TokenRows.worth_packing(padding_mask)
+    rows = TokenRows.if_pads_reach(padding_mask, 0.05)
     assert rows is not None and rows.index.tolist() == [0, 1, 3]
     x = torch.arange(12.0).view(2, 3, 2)
     assert rows.pack(x).tolist() == [[0.0, 1.0], [2.0, 3.0], [6.0, 7.0]]
     assert rows.unpack(rows.pack(x)).tolist() == [[[0.0, 1.0], [2.0, 3.0], [0.0, 0.0]],
                                                   [[6.0, 7.0], [0.0, 0.0], [0.0, 0.0]]]
-    # No pads, or too few to pay for the copies: every position runs.
-    assert TokenRows.worth_packing(torch.zeros(4, 5, dtype=torch.bool)) is None
+    # Pads under the share asked for: every position runs; a share of 0 packs any batch.
     one_pad_in_forty = torch.zeros(4, 10, dtype=torch.bool)
     one_pad_in_forty[3, 9] = True
-    assert TokenRows.worth_packing(one_pad_in_forty) is None
+    assert TokenRows.if_pads_reach(one_pad_in_forty, 0.05) is None
+    assert TokenRows.if_pads_reach(one_pad_in_forty, 0.025) is not None
+    assert TokenRows.if_pads_reach(torch.zeros(4, 5, dtype=torch.bool), 0.05) is None
+    assert TokenRows.if_pads_reach(torch.zeros(4, 5, dtype=torch.bool), 0.0).index.tolist() == list(range(20))
 
 
 def test_without_lane_masks_training_dropout_is_torchs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -238,10 +238,11 @@ class Transformer(nn.Module):
 
     def _token_rows(self, padding_mask: Tensor) -> TokenRows | None:
         """The token rows that decoding's encoder and cross-attention projections run
-        on, or None: every position (see DecodingOptions.token_rows)."""
-        if not self.decoding.token_rows or padding_mask.device.type != "cpu":
+        on, or None: every position (see DecodingOptions.token_rows_from_pads)."""
+        fewest_pads = self.decoding.token_rows_from_pads
+        if fewest_pads is None or padding_mask.device.type != "cpu":
             return None
-        return TokenRows.worth_packing(padding_mask)
+        return TokenRows.if_pads_reach(padding_mask, fewest_pads)
 
     def new_cache(self) -> DecoderCache:
         """An empty cache for a search; the first `decode_step` fills it."""

@@ -35,10 +35,12 @@ class DecodingOptions:
     # The output projection through oneDNN's kernel (fast/logits.py) rather than F.linear.
     onednn_logits: bool = True
     # The encoder, and the cross-attention keys and values, computed on a padded batch's
-    # tokens alone, not on its pads (fast/token_rows.py).
-    token_rows: bool = True
+    # tokens alone, not on its pads (fast/token_rows.py), once the pads are at least this
+    # share of the batch's positions (below it the two copies per layer cost about what
+    # they save: benchmarks/encoder_padding.py); None: never.
+    token_rows_from_pads: float | None = 0.05
 
 
 REFERENCE_DECODING = DecodingOptions(beam_slot_cache=False, sentence_drop_fraction=0.0, pooled_buffers=False,
                                      transposed_cross_keys=False, first_step_once=False, onednn_logits=False,
-                                     token_rows=False)
+                                     token_rows_from_pads=None)

@@ -15,9 +15,6 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-# Below this share of pads, packing costs about what it saves (two copies per layer).
-FEWEST_PADS = 0.05
-
 
 @dataclass(frozen=True)
 class TokenRows:
@@ -29,11 +26,10 @@ class TokenRows:
     length: int  # S
 
     @staticmethod
-    def worth_packing(padding_mask: Tensor) -> TokenRows | None:
+    def if_pads_reach(padding_mask: Tensor, fewest_pads: float) -> TokenRows | None:
         """The token rows of `padding_mask` (B, S), True at pads; None when its pads are
-        too few for packing to pay."""
-        pads = int(padding_mask.sum())
-        if pads <= FEWEST_PADS * padding_mask.numel():
+        under `fewest_pads` of its positions (0: any batch)."""
+        if int(padding_mask.sum()) < fewest_pads * padding_mask.numel():
             return None
         batch, length = padding_mask.shape
         return TokenRows(padding_mask.logical_not().view(-1).nonzero().squeeze(1), batch, length)
