@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +25,7 @@ from nmt_cli.decode.search import generate
 from nmt_cli.models.transformer import EncoderOut
 from nmt_cli.text.bpe import BpeModel
 from tests.model_utils import eos_prone, source_batch, tiny_model
+from tests.test_benchmarks import run_benchmark
 from tests.test_search import A, B, C, D, RandomDecoder, ScriptedDecoder, dist, src
 from tests.test_translate import FAST, generated_sentences, load, nmt, one_thread, run_dir  # noqa: F401 (fixtures)
 
@@ -393,12 +391,9 @@ def test_the_guided_decoding_benchmark_times_every_feature_against_plain_search(
     """benchmarks/guided_decoding.py on the tiny run, its copy task's sources as their own references."""
     text = tmp_path / "test.txt"
     text.write_text("".join(s + "\n" for s in generated_sentences(6, seed=16)), encoding="utf-8")
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "guided_decoding.py"
-    result = subprocess.run([sys.executable, str(script), str(run_dir / "checkpoint_best.pt"), str(text), str(text),
-                             "--sentences", "6", "--repeats", "1", "--max-len-a", "1", "--max-len-b", "5"],
-                            capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = {line.split("\t")[0]: line.split("\t") for line in result.stdout.splitlines() if "\t" in line}
+    lines = run_benchmark("guided_decoding.py", str(run_dir / "checkpoint_best.pt"), str(text), str(text),
+                          "--sentences", "6", "--repeats", "1", "--max-len-a", "1", "--max-len-b", "5")
+    rows = {line.split("\t")[0]: line.split("\t") for line in lines if "\t" in line}
     assert list(rows) == ["plain beam search", "prefix (2 words)", "1 constraint", "2 constraints",
                           "--print-alignment", "--score-reference"]
     assert rows["plain beam search"][3] == "1.00x plain time"
