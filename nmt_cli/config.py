@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string, default_device
-from nmt_cli.options import (Alias, Refused, choice_alias, flag_of, flag_option, no_effect_alias, option, refused_alias,
-                             switch_alias, value_alias)
+from nmt_cli.options import (Alias, Refused, auto_switch, choice_alias, flag_of, flag_option, no_effect_alias, option,
+                             refused_alias, switch_alias, value_alias)
 
 # numpy's random generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
@@ -430,12 +430,12 @@ class TranslateConfig:
         "--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
         help="bf16/fp16 run the model under autocast (fp16 on cuda only); int8: 8-bit integer linear "
              "layers, on the CPU only; search stays in fp32.")
-    # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only.
-    # None: on with a CUDA device, where it decodes several times faster.
-    cuda_graphs: bool | None = option(
-        "--cuda-graphs/--no-cuda-graphs", default=None,
+    # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only, on by
+    # default there because it decodes several times faster.
+    cuda_graphs: bool | None = auto_switch(
+        "--cuda-graphs", auto="on with a cuda device",
         help="Replay each decoding step (model and search) as one CUDA graph: one launch instead of "
-             "hundreds of small kernels; same translations [default: on with a cuda device].")
+             "hundreds of small kernels; same translations")
     errors: str = option(
         "--errors", default="strict", choices=ERROR_POLICIES, show_default=True,
         help="Invalid UTF-8 input: strict stops with an error naming the line (lines before it are "
@@ -659,11 +659,10 @@ class PreprocessConfig:
         "--tokenizer", default="auto", choices=PREPROCESS_TOKENIZERS, show_default=True,
         help="moses: sacremoses tokenization (no escaping); none: split on whitespace only; auto: none when the "
              "training text is already segmented into subword pieces ('@@ ' or '▁'), else moses.")
-    # None: on, unless the text is already segmented (taken as it is, as fairseq-preprocess does).
-    normalize_punctuation: bool | None = option(
-        "--normalize-punctuation/--no-normalize-punctuation", default=None,
-        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing "
-             "[default: on, off for text already segmented into subword pieces].")
+    # Off for segmented text: it is taken as it is, as fairseq-preprocess does.
+    normalize_punctuation: bool | None = auto_switch(
+        "--normalize-punctuation", auto="on, off for text already segmented into subword pieces",
+        help="Moses punctuation normalization (and removal of non-printing characters) before tokenizing")
     aggressive_dash_splits: bool = flag_option("--aggressive-dash-splits",
                                                help="Moses -a: split hyphenated words (A-B -> A @-@ B).")
     bpe: str = option("--bpe", default="auto", choices=PREPROCESS_BPE, show_default=True,

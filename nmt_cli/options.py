@@ -56,6 +56,14 @@ def flag_option(*decls: str, **details: Any) -> Any:
     return option(*decls, default=False, is_flag=True, **details)
 
 
+def auto_switch(decl: str, help: str, auto: str) -> Any:
+    """A `--x/--no-x` switch that is None when neither is given: the command decides then.
+
+    `auto` says what it decides, for the help's "[default: ...]".
+    """
+    return option(f"{decl}/--no-{decl.removeprefix('--')}", default=None, help=f"{help} [default: {auto}].")
+
+
 def flag_of(field: dataclasses.Field) -> Flag | None:
     return field.metadata.get(_FLAG)
 

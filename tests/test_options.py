@@ -130,6 +130,20 @@ def test_translate_flags_reach_the_nested_decode_config() -> None:
     assert cfg.decode == DecodeConfig(beam=4, lenpen=0.6, lenpen_style="gnmt")
 
 
+@pytest.mark.parametrize("name, args, field", [
+    ("translate", ["--path", "a.pt"], "cuda_graphs"),
+    ("preprocess", ["-s", "en", "-t", "de", "--trainpref", "raw/train"], "normalize_punctuation"),
+])
+def test_an_auto_switch_is_none_unless_given_and_its_help_says_what_none_picks(name: str, args: list[str],
+                                                                               field: str) -> None:
+    flag = "--" + field.replace("_", "-")
+    assert parsed(name, args)[field] is None
+    assert parsed(name, args + [flag])[field] is True
+    assert parsed(name, args + ["--no-" + flag[2:]])[field] is False
+    help_text = CliRunner().invoke(main, [name, "--help"], terminal_width=200).output
+    assert f"{flag} / --no-{flag[2:]}" in help_text and "[default: on" in help_text
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"precision": "int8", "device": "cuda:0"}, "--precision int8 needs --device cpu"),
     ({"precision": "fp16", "device": "cpu"}, "--precision fp16 needs --device cuda"),
