@@ -10,6 +10,9 @@ chunks of --ceiling lines (single-sentence clients can batch no more than their 
 run: a second server with a tiny --queue-size under the most clients, counting 503
 answers (with Retry-After) and checking that the server still answers afterwards.
 Every translation the server gave must be the batch job's line for that sentence.
+With --rounds N the batch job and the levels take turns N times, and a last line per
+level gives the median of its rounds' ratios: a machine whose speed drifts by 10-20%
+from minute to minute moves the ratio of one round as much.
 
     python3 benchmarks/serve_load.py RUN_OR_CKPT --input test.en --beam 4 --threads 1
 
@@ -22,6 +25,7 @@ import argparse
 import http.client
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,7 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ceiling", type=int, default=32,
                    help="also time the batch job in chunks of this many lines, the most N clients can batch (0: skip)")
     p.add_argument("--overload-queue", type=int, default=8, help="--queue-size of the overload run (0: skip it)")
-    return p.parse_args(argv)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="batch job and levels in turns this many times, then each level's median ratio (default: %(default)s)")
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    return args
 
 
 def nmt_command() -> list[str]:
@@ -171,6 +180,27 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def serve_level(server: Server, clients: int, sentences: list[str], expected: list[str], args: argparse.Namespace,
+                batch_rate: float) -> float:
+    """One level of clients against the running server: prints its line, returns its ratio to the batch job."""
+    before = server.batches()
+    level = run_level(server.port, clients, sentences, expected, args.max_seconds)
+    after = server.batches()
+    mean_batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
+    done = len(level.latencies)
+    rate = done / level.seconds
+    print(result_line(f"nmt serve, {clients} client(s)", {
+        "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x",
+        "p50 ms": f"{percentile(level.latencies, 0.5) * 1000:.0f}",
+        "p95 ms": f"{percentile(level.latencies, 0.95) * 1000:.0f}",
+        "p99 ms": f"{percentile(level.latencies, 0.99) * 1000:.0f}",
+        "mean batch": f"{mean_batch:.1f}", "answered": f"{done}", "differing from batch": f"{level.wrong}", "errors": f"{len(level.other_errors) + level.refused}",
+    }), flush=True)
+    for error in level.other_errors[:3]:
+        print(f"#   error: {error}")
+    return rate / batch_rate
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     sentences = [line.rstrip("\n") for line in args.input.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -179,34 +209,32 @@ def main(argv: list[str] | None = None) -> None:
     print(machine_line())
     print(f"# {len(sentences)} sentences, beam {args.beam}, {args.threads} thread(s); server --max-batch-tokens "
           f"{args.max_batch_tokens} --max-wait-ms {args.max_wait_ms:g}")
-    batch_rate, expected = batch_job(args, sentences)
-    print(result_line("nmt translate (one batch job)", {"sentences/s": f"{batch_rate:.1f}"}), flush=True)
-    if args.ceiling:
-        # C clients with one sentence each put at most C sentences in a batch: the same job in
-        # chunks of C input lines (each sorted and translated as one batch) bounds the server.
-        rate, _ = batch_job(args, sentences, "--buffer-size", str(args.ceiling))
-        print(result_line(f"nmt translate --buffer-size {args.ceiling}", {
-            "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x"}), flush=True)
-    server = Server(args)
+    ratios: dict[int, list[float]] = {clients: [] for clients in levels}
+    server = None
     try:
-        for clients in levels:
-            before = server.batches()
-            level = run_level(server.port, clients, sentences, expected, args.max_seconds)
-            after = server.batches()
-            mean_batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
-            done = len(level.latencies)
-            rate = done / level.seconds
-            print(result_line(f"nmt serve, {clients} client(s)", {
-                "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x",
-                "p50 ms": f"{percentile(level.latencies, 0.5) * 1000:.0f}",
-                "p95 ms": f"{percentile(level.latencies, 0.95) * 1000:.0f}",
-                "p99 ms": f"{percentile(level.latencies, 0.99) * 1000:.0f}",
-                "mean batch": f"{mean_batch:.1f}", "answered": f"{done}", "differing from batch": f"{level.wrong}", "errors": f"{len(level.other_errors) + level.refused}",
-            }), flush=True)
-            for error in level.other_errors[:3]:
-                print(f"#   error: {error}")
+        for round_number in range(1, args.rounds + 1):
+            if args.rounds > 1:
+                print(f"# round {round_number} of {args.rounds}")
+            batch_rate, expected = batch_job(args, sentences)
+            print(result_line("nmt translate (one batch job)", {"sentences/s": f"{batch_rate:.1f}"}), flush=True)
+            if args.ceiling:
+                # C clients with one sentence each put at most C sentences in a batch: the same job in
+                # chunks of C input lines (each sorted and translated as one batch) bounds the server.
+                rate, _ = batch_job(args, sentences, "--buffer-size", str(args.ceiling))
+                print(result_line(f"nmt translate --buffer-size {args.ceiling}", {
+                    "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x"}), flush=True)
+            if server is None:  # started once, after the first job: it idles while the later ones run
+                server = Server(args)
+            for clients in levels:
+                ratios[clients].append(serve_level(server, clients, sentences, expected, args, batch_rate))
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+    if args.rounds > 1:
+        for clients in levels:
+            print(result_line(f"median of {args.rounds} rounds, {clients} client(s)", {
+                "ratio to batch": f"{statistics.median(ratios[clients]):.2f}x",
+                "rounds": " ".join(f"{ratio:.2f}x" for ratio in ratios[clients])}))
     if args.overload_queue > 0:
         clients = max(levels)
         server = Server(args, "--queue-size", str(args.overload_queue), "--max-sentences", "1")

@@ -332,17 +332,27 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
     result = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "serve_load.py"), str(run_dir), "--input", str(source),
          "--clients", "1,4", "--count", "8", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
-         "--overload-queue", "0"], capture_output=True, text=True, timeout=240)  # overload: the queue-full test
+         "--overload-queue", "0", "--rounds", "2"], capture_output=True, text=True, timeout=240)  # overload: the queue-full test
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    batch = float(next(line for line in lines if line.startswith("nmt translate (one batch job)")).split()[5])
-    for clients in (1, 4):
-        line = next(line for line in lines if line.startswith(f"nmt serve, {clients} client(s)"))
-        fields = line.split()
-        rate, ratio = float(fields[4]), float(fields[6].rstrip("x"))
-        # Both figures are printed to 0.1: the ratio is their quotient within that rounding.
-        assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
-        assert "8 answered   0 differing from batch   0 errors" in line, lines
+    rounds = "\n".join(lines).split("# round ")[1:]
+    assert [r.split("\n")[0] for r in rounds] == ["1 of 2", "2 of 2"], lines
+    printed: dict[int, list[float]] = {1: [], 4: []}
+    for round_text in rounds:  # each round's ratios are quotients of its own lines
+        round_lines = round_text.split("\n")
+        batch = float(next(line for line in round_lines if line.startswith("nmt translate (one batch job)")).split()[5])
+        for clients in (1, 4):
+            line = next(line for line in round_lines if line.startswith(f"nmt serve, {clients} client(s)"))
+            fields = line.split()
+            rate, ratio = float(fields[4]), float(fields[6].rstrip("x"))
+            # Both figures are printed to 0.1: the ratio is their quotient within that rounding.
+            assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
+            assert "8 answered   0 differing from batch   0 errors" in line, lines
+            printed[clients].append(ratio)
+    for clients in (1, 4):  # the median of two rounds is their mean (of the unrounded ratios)
+        line = next(line for line in lines if line.startswith(f"median of 2 rounds, {clients} client(s)"))
+        median, *each = (float(field.rstrip("x")) for field in line.split() if field.endswith("x"))
+        assert each == printed[clients] and median == pytest.approx(sum(each) / 2, abs=0.0051), line
 
 
 def test_a_decoding_error_is_a_500_for_its_batch_and_the_server_goes_on(run_dir):
