@@ -102,7 +102,12 @@ class Model:
         unknown = sorted(set(options) - set(DECODE_OPTIONS))
         if unknown:
             raise TypeError(f"unknown decoding option(s) {', '.join(unknown)}; known: {', '.join(DECODE_OPTIONS)}")
-        return dataclasses.replace(self.cfg.decode, **options)
+        decode = dataclasses.replace(self.cfg.decode, **options)
+        if self.cfg.engine == "ctranslate2":  # refused here, by name, rather than when its batch runs
+            from nmt_cli.decode.ctranslate2_engine import check_engine_options
+
+            check_engine_options(dataclasses.replace(self.cfg, decode=decode))
+        return decode
 
     def translate(self, texts: Sequence[str], **options: Any) -> list[str]:
         """The best translation of each text, in order. `options`: beam, nbest, lenpen,
@@ -152,11 +157,12 @@ class Model:
 
 def load(path: str | Path, *, device: str = "cpu", precision: str = "fp32", threads: int | None = None,
          max_tokens: int | None = None, batch_size: int | None = None, data_bin: str | None = None,
-         warn: Callable[[str], None] | None = None, **decode_options: Any) -> Model:
-    """Load a checkpoint file or a run directory (its checkpoint_best.pt, else checkpoint_last.pt).
+         engine: str = "nmt", warn: Callable[[str], None] | None = None, **decode_options: Any) -> Model:
+    """Load a checkpoint file or a run directory (its checkpoint_best.pt, else checkpoint_last.pt);
+    with engine="ctranslate2" also a directory of `nmt export --format ctranslate2`.
 
     `decode_options` (beam=4, lenpen=0.6, ...) become the defaults of every call; `device`,
-    `precision`, `threads`, `max_tokens`, `batch_size` and `data_bin` are those of
+    `precision`, `threads`, `max_tokens`, `batch_size`, `data_bin` and `engine` are those of
     `nmt translate`. Warnings (a truncated source) go to `warn`, by default the "nmt_cli" logger.
     As `nmt translate` does, loading sets the process's torch threads (when `threads` is
     given) and torch's seed.
@@ -164,8 +170,10 @@ def load(path: str | Path, *, device: str = "cpu", precision: str = "fp32", thre
     unknown = sorted(set(decode_options) - set(DECODE_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; decoding options: {', '.join(DECODE_OPTIONS)}")
+    # CTranslate2's engine resolves its --path itself: an export directory, or a checkpoint's cached export.
+    checkpoint = str(path) if engine == "ctranslate2" else str(resolve_checkpoint(Path(path)))
     cfg = TranslateConfig(
-        checkpoints=(str(resolve_checkpoint(Path(path))),), data_bin=data_bin, decode=DecodeConfig(**decode_options),
-        max_tokens=max_tokens, batch_size=batch_size, device=device, threads=threads, precision=precision,
+        checkpoints=(checkpoint,), data_bin=data_bin, decode=DecodeConfig(**decode_options), max_tokens=max_tokens,
+        batch_size=batch_size, device=device, threads=threads, precision=precision, engine=engine,
     )
     return Model(cfg, warn)

@@ -359,6 +359,16 @@ def ensemble_paths_option(help: str) -> Any:
                   help=help)
 
 
+def engine_option() -> Any:
+    """translate's and serve's --engine: who runs the batch -> hypotheses step
+    (nmt_cli/decode/ctranslate2_engine.py)."""
+    return option(
+        "--engine", default="nmt", choices=ENGINES, show_default=True,
+        help="nmt: nmt's own model and search (the reference); ctranslate2: CTranslate2 runs them, from a "
+             "directory of `nmt export --format ctranslate2` or from --path CKPT exported once and cached "
+             "beside it (needs pip install 'nmt-cli[ctranslate2]').")
+
+
 @dataclass(frozen=True)
 class TranslateConfig:
     """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
@@ -445,12 +455,7 @@ class TranslateConfig:
     # The checkpoints' moving average of the weights (nmt train --ema-decay) instead of their weights.
     use_ema: bool = flag_option("--use-ema", help="Decode with the EMA weights the checkpoint(s) hold "
                                                   "(trained with --ema-decay).")
-    # Who runs the model for the batch -> hypotheses step (nmt_cli/decode/ctranslate2_engine.py).
-    engine: str = option(
-        "--engine", default="nmt", choices=ENGINES, show_default=True,
-        help="nmt: nmt's own model and search (the reference); ctranslate2: CTranslate2 runs them, from a "
-             "directory of `nmt export --format ctranslate2` or from --path CKPT exported once and cached "
-             "beside it (needs pip install 'nmt-cli[ctranslate2]').")
+    engine: str = engine_option()
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)
@@ -1418,7 +1423,8 @@ class ServeConfig:
 
     paths: tuple[str, ...] = option(
         "--path", required=True, multiple=True, metavar="[NAME=]CKPT_OR_RUN", to_value=tuple,
-        help="A checkpoint or run directory to serve (its checkpoint_best.pt); repeat for several models. "
+        help="A checkpoint or run directory to serve (its checkpoint_best.pt), or with --engine ctranslate2 an "
+             "export directory; repeat for several models. "
              "Requests pick one by NAME [default name: SRC-TGT, e.g. en-de].")
     host: str = option("--host", default="127.0.0.1", show_default=True,
                        help="Address to listen on; anything but loopback needs --api-key or --api-key-file.")
@@ -1446,6 +1452,7 @@ class ServeConfig:
     precision: str = option("--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
                             help="As for nmt translate: fp32, bf16, fp16 (cuda) or int8 (cpu).")
     threads: int | None = option("--threads", default=None, type=int, help="CPU threads for the model [default: torch's].")
+    engine: str = engine_option()
 
     def __post_init__(self) -> None:
         check_finite_numbers(self)

@@ -8,8 +8,10 @@ import sys
 import threading
 
 import pytest
+from click.testing import CliRunner
 
 import nmt_cli
+from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
 from test_translate import FAST, generated_sentences, nmt, one_thread, run_dir  # noqa: F401 (fixtures)
 
@@ -83,6 +85,24 @@ def test_bad_input_is_a_clear_error(model, tmp_path):
         nmt_cli.load(tmp_path)
     with pytest.raises(NmtError, match="not found"):
         nmt_cli.load(tmp_path / "missing.pt")
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("ctranslate2") is None,
+                    reason="needs pip install 'nmt-cli[ctranslate2]'")
+def test_the_ctranslate2_engine_takes_per_call_settings_and_refuses_what_it_cannot_do(run_dir, tmp_path):
+    export = tmp_path / "ct2"
+    exported = CliRunner().invoke(main, ["export", "--format", "ctranslate2", str(run_dir), str(export)])
+    assert exported.exit_code == 0, exported.output
+    texts = generated_sentences(8, seed=18)
+    model = nmt_cli.load(export, engine="ctranslate2", threads=1)
+    flags = ("--engine", "ctranslate2", "--path", str(export), "--beam", "3", "--nbest", "2", "--lenpen", "0.6", *FAST)
+    result = nmt(*flags, "--output-format", "jsonl", input="".join(t + "\n" for t in texts))
+    assert result.exit_code == 0, result.output
+    expected = [[h["hyp"] for h in json.loads(line)["nbest"]] for line in result.stdout.splitlines()]
+    got = model.translate_scored(texts, beam=3, nbest=2, lenpen=0.6, max_len_a=1.0, max_len_b=5)
+    assert [[h.text for h in r.hypotheses] for r in got] == expected
+    with pytest.raises(NmtError, match="--unk-penalty needs --engine nmt"):
+        model.translate(texts, unk_penalty=1.0)
 
 
 def test_import_nmt_cli_does_not_import_torch():

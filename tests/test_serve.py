@@ -8,6 +8,7 @@ SIGTERM answers every queued request before the server exits.
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import signal
 import socket
@@ -23,9 +24,14 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
+from click.testing import CliRunner  # noqa: E402
+
+from nmt_cli.cli import main  # noqa: E402
 from nmt_cli.decode.batcher import Batcher, QueueFull  # noqa: E402
 from test_translate import FAST, generated_sentences, nmt, one_thread, run_dir  # noqa: E402,F401 (fixtures)
 
+ct2_installed = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                                   reason="needs pip install 'nmt-cli[ctranslate2]'")
 KEY = "s3cret"
 DECODE = ["--max-len-a", "1", "--max-len-b", "5", "--threads", "1"]
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -409,5 +415,33 @@ def test_several_models_are_picked_by_name_and_by_language_pair(run_dir, tmp_pat
         assert status == 400 and "several models translate en to de" in body["error"]
         health = server.request("GET", "/health")[2]
         assert [m["name"] for m in health["models"]] == ["en-de", "copy"]
+    finally:
+        server.stop()
+
+
+@ct2_installed
+def test_the_ctranslate2_engine_serves_what_nmt_translate_gives_with_it(run_dir, tmp_path):
+    export = tmp_path / "ct2"
+    exported = CliRunner().invoke(main, ["export", "--format", "ctranslate2", str(run_dir), str(export)])
+    assert exported.exit_code == 0, exported.output
+    texts = generated_sentences(12, seed=17) + [""]
+
+    def cli(lines: list[str], *flags: str) -> list[str]:
+        result = nmt("--engine", "ctranslate2", "--path", str(export), *FAST, *flags,
+                     input="".join(t + "\n" for t in lines))
+        assert result.exit_code == 0, result.output
+        return result.stdout.split("\n")[:-1]
+
+    server = Server(export, "--engine", "ctranslate2", "--max-wait-ms", "0")
+    try:
+        for options, flags in (({}, ()), ({"beam": 3, "lenpen": 0.6}, ("--beam", "3", "--lenpen", "0.6"))):
+            status, _, body = server.request("POST", "/v1/translate", {"text": texts, **options})
+            assert status == 200 and body["translations"] == cli(texts, *flags), body
+        # Per-request settings reach CTranslate2: two hypotheses each, as `nmt translate --nbest 2` gives.
+        status, _, body = server.request("POST", "/v1/translate", {"text": texts[:3], "beam": 3, "nbest": 2})
+        jsonl = [json.loads(line) for line in cli(texts[:3], "--beam", "3", "--nbest", "2", "--output-format", "jsonl")]
+        assert status == 200 and [[h["text"] for h in n] for n in body["nbest"]] == [
+            [h["hyp"] for h in record["nbest"]] for record in jsonl]
+        assert all(len(n) == 2 for n in body["nbest"])
     finally:
         server.stop()

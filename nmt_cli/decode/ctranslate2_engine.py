@@ -30,6 +30,7 @@ takes each token's log-probability from CTranslate2's scoring of the hypothesis
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +102,14 @@ class CTranslate2Engine:
                                    max_source_positions=info.max_source_positions,
                                    max_target_positions=info.max_target_positions)
         self.with_positional_scores = cfg.output_format == "jsonl"
+
+    def with_decode(self, cfg: TranslateConfig) -> CTranslate2Engine:
+        """This engine's loaded translator searching with `cfg`'s decoding settings (the Python
+        API's and the server's per-call options), after the same checks as at load."""
+        check_engine_options(cfg)
+        other = copy.copy(self)
+        other.cfg = cfg
+        return other
 
     def generate(self, src_tokens: torch.Tensor) -> list[list[Hypothesis]]:
         """Right-padded source ids (B, S), each row ending in </s> -> the hypotheses of each, best first."""

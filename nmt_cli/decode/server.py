@@ -100,7 +100,7 @@ def load_models(cfg: ServeConfig, metrics: Metrics) -> dict[str, ServedModel]:
     served: dict[str, ServedModel] = {}
     for name, path in named_paths(cfg.paths):
         model = load(path, device=cfg.device, precision=cfg.precision, threads=cfg.threads,
-                     max_tokens=cfg.max_batch_tokens, **vars_of(cfg.decode))
+                     max_tokens=cfg.max_batch_tokens, engine=cfg.engine, **vars_of(cfg.decode))
         name = name or f"{model.source_lang}-{model.target_lang}"
         if name in served:
             raise NmtError(f"two models are named {name!r}: name them with --path NAME=PATH")

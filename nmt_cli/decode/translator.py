@@ -365,6 +365,8 @@ class Translator:
         other = copy.copy(self)
         other.cfg = dataclasses.replace(self.cfg, decode=decode)
         other.generator = torch.Generator(device=self.device).manual_seed(decode.seed)
+        if self.engine is not None:
+            other.engine = self.engine.with_decode(other.cfg)
         if self.fixed_search is not None:
             other.fixed_search = FixedSearch(self.decoder, decode) if supports_fixed_search(decode) else None
         return other
