@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server and the batch job (default: %(default)s)")
     p.add_argument("--max-batch-tokens", type=int, default=4096, help="(default: %(default)s)")
     p.add_argument("--max-wait-ms", type=float, default=50.0, help="(default: %(default)s)")
+    p.add_argument("--engine", default="nmt", choices=("nmt", "ctranslate2"),
+                   help="--engine of the server and the batch job (default: %(default)s)")
     p.add_argument("--ceiling", type=int, default=32,
                    help="also time the batch job in chunks of this many lines, the most N clients can batch (0: skip)")
     p.add_argument("--overload-queue", type=int, default=8, help="--queue-size of the overload run (0: skip it)")
@@ -65,10 +67,15 @@ def nmt_command() -> list[str]:
     return [sys.executable, "-m", "nmt_cli"]
 
 
+def model_path(args: argparse.Namespace) -> str:
+    """The checkpoint of a run directory; with --engine ctranslate2 an export directory as it is."""
+    return args.path if args.engine == "ctranslate2" else str(resolve_checkpoint(Path(args.path)))
+
+
 def batch_job(args: argparse.Namespace, sentences: list[str], *more_flags: str) -> tuple[float, list[str]]:
     """sentences/s of `nmt translate` on all the sentences, its start-up (one line) left out."""
-    flags = ["--path", str(resolve_checkpoint(Path(args.path))), "--beam", str(args.beam), "--threads", str(args.threads),
-             "--device", "cpu", "--quiet", *more_flags]
+    flags = ["--path", model_path(args), "--beam", str(args.beam), "--threads", str(args.threads),
+             "--device", "cpu", "--engine", args.engine, "--quiet", *more_flags]
     with tempfile.TemporaryDirectory() as tmp:
         def timed(lines: list[str]) -> tuple[float, list[str]]:
             source, out = Path(tmp) / "in.txt", Path(tmp) / "out.txt"
@@ -90,7 +97,7 @@ class Server:
         self.process = subprocess.Popen(
             [*nmt_command(), "serve", "--path", args.path, "--port", str(self.port), "--beam", str(args.beam),
              "--threads", str(args.threads), "--max-batch-tokens", str(args.max_batch_tokens),
-             "--max-wait-ms", str(args.max_wait_ms), *flags], stderr=subprocess.DEVNULL)
+             "--max-wait-ms", str(args.max_wait_ms), "--engine", args.engine, *flags], stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while not self.healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -207,8 +214,8 @@ def main(argv: list[str] | None = None) -> None:
     sentences = sentences[: args.count]
     levels = [int(c) for c in args.clients.split(",")]
     print(machine_line())
-    print(f"# {len(sentences)} sentences, beam {args.beam}, {args.threads} thread(s); server --max-batch-tokens "
-          f"{args.max_batch_tokens} --max-wait-ms {args.max_wait_ms:g}")
+    print(f"# {len(sentences)} sentences, beam {args.beam}, {args.threads} thread(s), --engine {args.engine}; server "
+          f"--max-batch-tokens {args.max_batch_tokens} --max-wait-ms {args.max_wait_ms:g}")
     ratios: dict[int, list[float]] = {clients: [] for clients in levels}
     server = None
     try:
