@@ -359,6 +359,21 @@ def ensemble_paths_option(help: str) -> Any:
                   help=help)
 
 
+def decoding_device_option() -> Any:
+    """translate's and serve's --device; absent, the command picks it (machine.decoding_device)."""
+    return option(
+        "--device", default="cpu", cli_default=None,
+        help="cpu, cuda or cuda:N [default: cuda when available (and not --precision int8), else cpu].")
+
+
+def decoding_precision_option() -> Any:
+    """translate's and serve's --precision."""
+    return option(
+        "--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
+        help="bf16/fp16 run the model under autocast (fp16 on cuda only); int8: 8-bit integer linear "
+             "layers, on the CPU only; search stays in fp32.")
+
+
 def engine_option() -> Any:
     """translate's and serve's --engine: who runs the batch -> hypotheses step
     (nmt_cli/decode/ctranslate2_engine.py)."""
@@ -425,9 +440,7 @@ class TranslateConfig:
         help="Source tokens per batch, padding included [default: 4096 unless --batch-size is given].")
     batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
                                     help="Sentences per batch (at most).")
-    device: str = option(
-        "--device", default="cpu", cli_default=None,
-        help="cpu, cuda or cuda:N [default: cuda when available (and not --precision int8), else cpu].")
+    device: str = decoding_device_option()
     threads: int | None = option(
         "--threads", default=None, type=int,
         help="CPU threads for the model, in each process of --workers [default: torch's; 1 with --workers].")
@@ -436,10 +449,7 @@ class TranslateConfig:
         "--workers", default=1, type=int, show_default=True,
         help="CPU only: processes translating at once, each with its own copy of the model. For "
              "throughput on several cores (e.g. --workers 4 on 4 cores); threads speed up each batch.")
-    precision: str = option(
-        "--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
-        help="bf16/fp16 run the model under autocast (fp16 on cuda only); int8: 8-bit integer linear "
-             "layers, on the CPU only; search stays in fp32.")
+    precision: str = decoding_precision_option()
     # Replay each decoding step as a CUDA graph (nmt_cli/decode/graphs.py); cuda only, on by
     # default there because it decodes several times faster.
     cuda_graphs: bool | None = auto_switch(
@@ -1448,9 +1458,8 @@ class ServeConfig:
                             help="Characters per sentence (more: 413).")
     max_total_chars: int = option("--max-total-chars", default=50000, show_default=True,
                                   help="Characters per request (more: 413).")
-    device: str = option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
-    precision: str = option("--precision", default="fp32", choices=TRANSLATE_PRECISIONS, show_default=True,
-                            help="As for nmt translate: fp32, bf16, fp16 (cuda) or int8 (cpu).")
+    device: str = decoding_device_option()
+    precision: str = decoding_precision_option()
     threads: int | None = option("--threads", default=None, type=int, help="CPU threads for the model [default: torch's].")
     engine: str = engine_option()
 

@@ -24,6 +24,12 @@ def default_device(cuda: str = "cuda") -> str:
     return cuda if torch.cuda.is_available() else "cpu"
 
 
+def decoding_device(device: str | None, precision: str) -> str:
+    """The device of translate and serve: --device as given, else a GPU when torch sees one,
+    but the CPU for --precision int8 (a CPU-only precision)."""
+    return device or ("cpu" if precision == "int8" else default_device())
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask, where the OS has one)."""
     try:

@@ -256,10 +256,21 @@ def test_a_full_queue_answers_503_then_sigterm_answers_every_queued_request(run_
         server.stop()
 
 
-def test_non_loopback_needs_a_key_and_a_missing_extra_is_one_line(run_dir, monkeypatch):
-    from click.testing import CliRunner
+@pytest.mark.parametrize("flags, device", [((), "cuda"), (("--precision", "int8"), "cpu"), (("--device", "cpu"), "cpu")])
+def test_the_device_is_picked_as_nmt_translate_picks_it(run_dir, monkeypatch, flags, device):
+    import torch
 
-    from nmt_cli.cli import main
+    from nmt_cli.decode import server as server_module
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with a GPU
+    chosen: list[str] = []
+    monkeypatch.setattr(server_module, "serve", lambda cfg, announce: chosen.append(cfg.device))
+    result = CliRunner().invoke(main, ["serve", "--path", str(run_dir), *flags])
+    assert result.exit_code == 0, result.output
+    assert chosen == [device]
+
+
+def test_non_loopback_needs_a_key_and_a_missing_extra_is_one_line(run_dir, monkeypatch):
     from nmt_cli.decode import server as server_module
 
     result = CliRunner().invoke(main, ["serve", "--path", str(run_dir), "--host", "0.0.0.0"])

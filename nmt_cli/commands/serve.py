@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from nmt_cli.config import ServeConfig
+from nmt_cli.machine import decoding_device
 from nmt_cli.options import click_options, config_from_params
 
 
@@ -28,7 +29,7 @@ def serve(**params: Any) -> None:
       nmt serve --path en-de=runs/ende --path de-en=runs/deen --port 8080
       nmt serve --path run/ --host 0.0.0.0 --api-key-file key.txt
     """
-    cfg = config_from_params(ServeConfig, params)
+    cfg = config_from_params(ServeConfig, params, device=decoding_device(params["device"], params["precision"]))
     from nmt_cli.decode.server import serve as run_server
 
     run_server(cfg, announce=lambda message: click.echo(message, err=True))

@@ -18,7 +18,7 @@ import click
 from nmt_cli.config import DEFAULT_BUFFER_SIZE, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.files import opened, published_output, refuse_overwriting_inputs
-from nmt_cli.machine import default_device
+from nmt_cli.machine import decoding_device
 from nmt_cli.options import click_options, config_from_params, option
 
 
@@ -69,8 +69,7 @@ def translate(**params: Any) -> None:
     cfg = config_from_params(
         TranslateConfig, params,
         buffer_size=(1 if reading_terminal else DEFAULT_BUFFER_SIZE) if buffer_size is None else buffer_size,
-        # int8 runs on the CPU only.
-        device=params["device"] or ("cpu" if params["precision"] == "int8" else default_device()),
+        device=decoding_device(params["device"], params["precision"]),
     )
     run(cfg, streams.input_path, streams.output_path)
 
