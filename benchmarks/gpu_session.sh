@@ -97,6 +97,9 @@ step decode_batch_$DECODE_LARGE_BATCH 60 python3 benchmarks/decode_throughput.py
     --batch-size "$DECODE_LARGE_BATCH" --skip-peer --profile
 step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DECODE \
     --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON" --profile
+# generate, guided decoding, --engine ctranslate2 and serve on the GPU against the CPU (the
+# last two skip where their extras are missing: carry their wheels in WHEELS).
+step feature_tests 90 python3 -m pytest -q -ra tests/test_accelerator_features.py
 rm -f "$OUT/.step"
 echo "total: $SECONDS s of a $BUDGET s budget; steps with a failure: $FAILED_STEPS" >>"$SUMMARY"
 cat "$SUMMARY"
