@@ -14,39 +14,16 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-import torch
-from click.testing import CliRunner
 from databin_utils import reversal_pairs, write_data_bin
 from fault_utils import tiny_run_dir
 
-from nmt_cli.cli import main
+from test_accelerator import DEVICES, exact_float32, nmt  # noqa: F401 (exact_float32: an autouse fixture)
 from test_translate import generated_sentences, one_thread, run_dir  # noqa: F401 (fixtures)
 
-DEVICES = [
-    pytest.param("cpu"),
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
-]
 # test_translate's FAST flags but --device, which each check sets.
 SHORT = ("--max-len-a", "1", "--max-len-b", "5", "--threads", "1", "--quiet")
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
-
-
-@pytest.fixture(autouse=True)
-def exact_float32():
-    """Full float32 matrix products on the GPU, as on the CPU; restored after each test."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
-def nmt(*args, stdin: str | None = None) -> str:
-    result = CliRunner().invoke(main, [str(a) for a in args], input=stdin, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert "CUDA graph capture failed" not in result.stderr, result.stderr  # translate would go on without
-    return result.stdout
 
 
 def translate(run_dir: Path, device: str, *flags: str, stdin: str) -> str:
