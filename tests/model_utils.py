@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from collections.abc import Iterator
 
+import pytest
 import torch
 from torch import nn
 
@@ -13,6 +15,9 @@ from nmt_cli.models.registry import build_model, resolve_config
 
 PAD, EOS = 1, 2
 SRC_V, TGT_V = 23, 29
+# Tests of the models' CTranslate2 export and engine need the optional extra.
+ct2_installed = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                                   reason="needs pip install 'nmt-cli[ctranslate2]'")
 
 
 def tiny_model(seed: int = 0, src_v: int = SRC_V, tgt_v: int = TGT_V, dtype: torch.dtype = torch.float64,

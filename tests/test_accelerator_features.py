@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from databin_utils import reversal_pairs, write_data_bin
 from fault_utils import tiny_run_dir
+from model_utils import ct2_installed
 
 from test_accelerator import DEVICES, exact_float32, nmt  # noqa: F401 (exact_float32: an autouse fixture)
 from test_translate import generated_sentences, one_thread, run_dir  # noqa: F401 (fixtures)
@@ -58,7 +59,7 @@ def test_guided_decoding_on_device_equals_the_cpu(device: str, run_dir: Path, tm
     assert translate(run_dir, device, "--constraints", "unordered", stdin=constrained) == expected
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="needs pip install 'nmt-cli[ctranslate2]'")
+@ct2_installed
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_ctranslate2_engine_on_device_equals_the_cpu(device: str, run_dir: Path, tmp_path: Path) -> None:
     export = tmp_path / "ct2"

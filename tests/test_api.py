@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from click.testing import CliRunner
+from model_utils import ct2_installed
 
 import nmt_cli
 from nmt_cli.cli import main
@@ -87,8 +88,7 @@ def test_bad_input_is_a_clear_error(model, tmp_path):
         nmt_cli.load(tmp_path / "missing.pt")
 
 
-@pytest.mark.skipif(__import__("importlib").util.find_spec("ctranslate2") is None,
-                    reason="needs pip install 'nmt-cli[ctranslate2]'")
+@ct2_installed
 def test_the_ctranslate2_engine_takes_per_call_settings_and_refuses_what_it_cannot_do(run_dir, tmp_path):
     export = tmp_path / "ct2"
     exported = CliRunner().invoke(main, ["export", "--format", "ctranslate2", str(run_dir), str(export)])

@@ -26,11 +26,9 @@ from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
-from model_utils import torch_threads
+from model_utils import ct2_installed, torch_threads
 from tests.test_translate import generated_sentences, train_copy_task
 
-ct2_installed = pytest.mark.skipif(
-    __import__("importlib").util.find_spec("ctranslate2") is None, reason="needs pip install 'nmt-cli[ctranslate2]'")
 BEAM4 = ("--beam", "4", "--max-len-a", "1", "--max-len-b", "5", "--device", "cpu", "--threads", "1", "--quiet")
 
 

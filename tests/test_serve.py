@@ -8,7 +8,6 @@ SIGTERM answers every queued request before the server exits.
 from __future__ import annotations
 
 import http.client
-import importlib.util
 import json
 import signal
 import socket
@@ -25,13 +24,12 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from click.testing import CliRunner  # noqa: E402
+from model_utils import ct2_installed  # noqa: E402
 
 from nmt_cli.cli import main  # noqa: E402
 from nmt_cli.decode.batcher import Batcher, QueueFull  # noqa: E402
 from test_translate import FAST, generated_sentences, nmt, one_thread, run_dir  # noqa: E402,F401 (fixtures)
 
-ct2_installed = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
-                                   reason="needs pip install 'nmt-cli[ctranslate2]'")
 KEY = "s3cret"
 DECODE = ["--max-len-a", "1", "--max-len-b", "5", "--threads", "1"]
 AUTH = {"Authorization": f"Bearer {KEY}"}
