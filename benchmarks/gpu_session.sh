@@ -99,7 +99,7 @@ step decode_batch_$DECODE_BATCH 120 python3 benchmarks/decode_throughput.py $DEC
     --batch-size "$DECODE_BATCH" --peer-python "$PEER_PYTHON" --profile
 # generate, guided decoding, --engine ctranslate2 and serve on the GPU against the CPU (the
 # last two skip where their extras are missing: carry their wheels in WHEELS).
-step feature_tests 90 python3 -m pytest -q -ra tests/test_accelerator_features.py
+step feature_tests 120 python3 -m pytest -q -ra tests/test_accelerator_features.py
 rm -f "$OUT/.step"
 echo "total: $SECONDS s of a $BUDGET s budget; steps with a failure: $FAILED_STEPS" >>"$SUMMARY"
 cat "$SUMMARY"

@@ -1,6 +1,6 @@
-"""The features built on translate, on a GPU against the CPU: `nmt generate`, guided
-decoding (whose batches take the eager search over CUDA-graphed model steps),
-`--engine ctranslate2` and `nmt serve`.
+"""The features built on translate, on a GPU against the CPU: `--eval-bleu` during
+training, `nmt generate`, guided decoding (whose batches take the eager search over
+CUDA-graphed model steps), `--engine ctranslate2` and `nmt serve`.
 
 As in tests/test_accelerator.py, every check runs once per device, and on a machine
 without CUDA only the CPU rows run, which keeps the checks themselves honest:
@@ -11,15 +11,23 @@ without CUDA only the CPU rows run, which keeps the checks themselves honest:
 from __future__ import annotations
 
 import importlib.util
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+import torch
 from databin_utils import reversal_pairs, write_data_bin
 from fault_utils import tiny_run_dir
 from model_utils import ct2_installed
 
-from test_accelerator import DEVICES, exact_float32, nmt  # noqa: F401 (exact_float32: an autouse fixture)
+from test_accelerator import DEVICES, exact_float32, nmt, no_tf32_again  # noqa: F401 (exact_float32: autouse)
+from test_eval_bleu import EVAL_SEARCH, SEARCH, TINY, corpus, read_log  # noqa: F401 (corpus: a fixture)
 from test_translate import generated_sentences, one_thread, run_dir  # noqa: F401 (fixtures)
+
+from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
+from nmt_cli.config import TrainConfig
+from nmt_cli.data.pairs import load_data_bin
+from nmt_cli.train.eval_bleu import ValidBleu
 
 # test_translate's FAST flags but --device, which each check sets.
 SHORT = ("--max-len-a", "1", "--max-len-b", "5", "--threads", "1", "--quiet")
@@ -29,6 +37,34 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 def translate(run_dir: Path, device: str, *flags: str, stdin: str) -> str:
     return nmt("translate", "--path", run_dir / "checkpoint_best.pt", *SHORT, "--device", device, *flags, stdin=stdin)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eval_bleu_on_device_scores_the_cpus_translations(device: str, corpus: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    raw, data_bin = corpus
+    run = tmp_path / "run"
+    on_device = [device if previous == "--device" else flag for previous, flag in zip([""] + TINY, TINY)]
+    nmt("train", data_bin, "--save-dir", run, *on_device, "--max-update", "100", "--validate-interval-updates", "100",
+        "--validate-interval", "0", "--eval-bleu", *EVAL_SEARCH)
+    # Training validated with TF32 products on a GPU (`nmt train` turns them on for fp32):
+    # the same weights, settings and batches must give the logged score again.
+    logged = read_log(run)[-1]
+    assert logged["update"] == 100 and logged["eval_bleu_sentences"] == 24 and logged["bleu"] > 0
+    state = load_checkpoint(run / "checkpoint_last.pt")
+    model = model_from_checkpoint(state, run / "checkpoint_last.pt").eval()
+    cfg = TrainConfig(data=str(data_bin), save_dir=str(run), eval_bleu=True, eval_bleu_beam=2)
+    valid_bleu = ValidBleu(cfg, load_data_bin(data_bin), load_data_bin(data_bin).split("valid"),
+                           model.cfg.max_source_positions, model.cfg.max_target_positions)
+    rescored = valid_bleu.score(model.to(device), torch.device(device), nullcontext, print)
+    assert (rescored.bleu, rescored.sentences) == (logged["bleu"], 24)
+
+    # In full float32 the device's --eval-bleu hypotheses are the CPU's translate output.
+    no_tf32_again()
+    on_the_device = valid_bleu.translate(model, torch.device(device), nullcontext)
+    translated = nmt("translate", "--path", run / "checkpoint_last.pt", *SEARCH, "--device", "cpu", "--quiet",
+                     stdin=(raw / "valid.en").read_text(encoding="utf-8"))
+    assert on_the_device == translated.splitlines()
 
 
 @pytest.mark.parametrize("device", DEVICES)
