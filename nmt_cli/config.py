@@ -374,6 +374,16 @@ def decoding_precision_option() -> Any:
              "layers, on the CPU only; search stays in fp32.")
 
 
+def decoding_threads_option(help: str = "CPU threads for the model [default: torch's].") -> Any:
+    """translate's and serve's --threads (checked by `check_decoding_threads`)."""
+    return option("--threads", default=None, type=int, help=help)
+
+
+def check_decoding_threads(threads: int | None) -> None:
+    if threads is not None:
+        check_cpu_count("--threads", threads)
+
+
 def engine_option() -> Any:
     """translate's and serve's --engine: who runs the batch -> hypotheses step
     (nmt_cli/decode/ctranslate2_engine.py)."""
@@ -441,9 +451,8 @@ class TranslateConfig:
     batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
                                     help="Sentences per batch (at most).")
     device: str = decoding_device_option()
-    threads: int | None = option(
-        "--threads", default=None, type=int,
-        help="CPU threads for the model, in each process of --workers [default: torch's; 1 with --workers].")
+    threads: int | None = decoding_threads_option(
+        "CPU threads for the model, in each process of --workers [default: torch's; 1 with --workers].")
     # Processes translating at once on a CPU, each with its own model (decode/workers.py).
     workers: int = option(
         "--workers", default=1, type=int, show_default=True,
@@ -481,8 +490,7 @@ class TranslateConfig:
             raise NmtError(f"--max-tokens must be >= 1 (got {self.max_tokens})")
         if self.batch_size is not None and self.batch_size < 1:
             raise NmtError(f"--batch-size must be >= 1 (got {self.batch_size})")
-        if self.threads is not None:
-            check_cpu_count("--threads", self.threads)
+        check_decoding_threads(self.threads)
         check_device_string(self.device)
         check_cpu_count("--workers", self.workers)
         if self.decode.sampling and self.guided.constraints:
@@ -1460,7 +1468,7 @@ class ServeConfig:
                                   help="Characters per request (more: 413).")
     device: str = decoding_device_option()
     precision: str = decoding_precision_option()
-    threads: int | None = option("--threads", default=None, type=int, help="CPU threads for the model [default: torch's].")
+    threads: int | None = decoding_threads_option()
     engine: str = engine_option()
 
     def __post_init__(self) -> None:
@@ -1489,8 +1497,7 @@ class ServeConfig:
         if not _is_loopback(self.host) and self.api_key is None and self.api_key_file is None:
             raise NmtError(f"--host {self.host} is not a loopback address: anyone who can reach it could use "
                            "the server, so give --api-key or --api-key-file")
-        if self.threads is not None:
-            check_cpu_count("--threads", self.threads)
+        check_decoding_threads(self.threads)
         check_device_string(self.device)
 
 
