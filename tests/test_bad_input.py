@@ -315,6 +315,8 @@ CASES = [
          ("--max-len-a must be a finite number",), stdin=b"w1\n"),
     Case("translate", "--unk-penalty -inf", lambda ws: translate(ws, ws.checkpoint, "--unk-penalty", "-inf"),
          ("--unk-penalty must be a finite number",), stdin=b"w1\n"),
+    Case("translate", "--threads 0", lambda ws: translate(ws, ws.checkpoint, "--threads", "0"),
+         ("--threads must be >= 1 (got 0)",), stdin=b"w1\n"),
     Case("translate", "a checkpoint name too long for the file system", lambda ws: translate(ws, "x" * 300 + ".pt"),
          ("File name too long",), stdin=b"w1\n"),
     # generate
@@ -381,6 +383,8 @@ CASES = [
          ("truncated or corrupt", "checkpoint_best.pt")),
     Case("serve", "a directory without checkpoints", lambda ws: ["serve", "--path", ws.root],
          ("without checkpoint_best.pt or checkpoint_last.pt",)),
+    Case("serve", "--threads -1", lambda ws: ["serve", "--path", ws.run, "--threads", "-1"],
+         ("--threads must be >= 1 (got -1)",)),
     Case("serve", "an empty key file", lambda ws: ["serve", "--path", ws.run, "--api-key-file", ws.file("key.txt", "\n")],
          ("--api-key-file", "key.txt", "the first line is empty")),
 ]
