@@ -12,8 +12,10 @@
 # budget. WHEELS=dir installs the wheels in dir first, for a machine without network
 # that lacks a dependency (sacremoses, say). SOURCE_TEXT=file gives the varied-length
 # decoding step real sentence lengths (newstest2014's test.en, say); without it they
-# are random. The exit status is 1 when a step failed, timed out or reported a system
-# as "failed:" (the other steps still run).
+# are random. STEPS="tests feature_tests" runs only the steps named (their names as in
+# summary.txt), in this script's order: the steps add up to more than one budget. The
+# exit status is 1 when a step failed, timed out or reported a system as "failed:" (the
+# other steps still run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out/gpu}
@@ -58,6 +60,10 @@ FAILED_STEPS=0
 step() {
     local name=$1 limit=$2
     shift 2
+    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then
+        printf '%-24s skipped: not in STEPS\n' "$name" >>"$SUMMARY"
+        return
+    fi
     local left=$((BUDGET - SECONDS))
     if [ "$left" -lt 20 ]; then
         printf '%-24s skipped: the time budget is spent\n' "$name" >>"$SUMMARY"
