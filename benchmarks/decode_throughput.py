@@ -15,7 +15,7 @@ step graphs it built.
 
     python benchmarks/decode_throughput.py                      # CPU, transformer_small, 200 sentences
     python benchmarks/decode_throughput.py --device cuda --precision bf16 --batch-size 128 --cuda-graphs
-    python benchmarks/decode_throughput.py --setup-peer         # create benchmarks/.venv with transformers
+    python benchmarks/decode_throughput.py --setup-peer         # create benchmarks/.peer-hf/.venv with transformers
 
 Hugging Face runs in its own virtual environment (benchmarks/.peer-hf/.venv, made by
 --setup-peer, with torch pinned to the main environment's version); without it

@@ -209,8 +209,9 @@ class DecodeConfig:
 
     beam: int = option("--beam", default=5, show_default=True, help="Beam size (1: greedy decoding).")
     nbest: int = option("--nbest", default=1, show_default=True,
-                        help="Hypotheses kept per sentence, best first: text and bpe output print N lines per "
-                             "input line (N empty lines for an empty one); jsonl output lists them under \"nbest\".")
+                        help="Hypotheses kept per sentence, best first. translate: N lines per input line in text "
+                             "and bpe output (N empty ones for an empty line), a \"nbest\" list in jsonl; generate: "
+                             "N H-/D-/P- triples per sentence; serve: a \"nbest\" list per sentence.")
     lenpen: float = option("--lenpen", default=1.0, show_default=True,
                            help="Length penalty exponent alpha (the paper: 0.6 with --lenpen-style gnmt).")
     # "fairseq": score / len**lenpen; "gnmt": score / ((5 + len) / 6)**lenpen. len counts </s>.

@@ -29,10 +29,11 @@ def generate(**params: Any) -> None:
     decoded too: every sentence gets its lines.
 
     \b
-    Examples:
-      nmt generate data-bin --path run/checkpoint_best.pt --gen-subset test --beam 5 --remove-bpe
+    Examples (an nmt data-bin's pieces are sentencepiece's; a bare --remove-bpe is "@@ "):
+      nmt generate data-bin --path run/checkpoint_best.pt --gen-subset test --beam 5 \\
+          --remove-bpe sentencepiece
       nmt generate data-bin --path run/checkpoint_best.pt --batch-size 128 --beam 4 --lenpen 0.6 \\
-          --remove-bpe --quiet
+          --remove-bpe sentencepiece --quiet
       nmt generate data-bin --path run/checkpoint_best.pt --results-path out | grep ^H | cut -f3
     """
     from nmt_cli.decode.generate import run_generate

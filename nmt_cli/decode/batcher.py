@@ -2,7 +2,7 @@
 
 Requests wait in a bounded queue (counted in sentences). One worker thread per model
 (the model is not async, and one search at a time uses the cores best) takes the oldest
-request, waits up to `max_wait` for others with the same decoding settings to join, takes
+request, waits up to `max_wait_s` for others with the same decoding settings to join, takes
 them in arrival order up to `max_batch_tokens` source tokens, translates them as one
 call and completes each request's future with its own results, in its own order.
 Requests with other settings wait for a batch of their own. A failure of one call
