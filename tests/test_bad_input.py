@@ -317,6 +317,8 @@ CASES = [
          ("--unk-penalty must be a finite number",), stdin=b"w1\n"),
     Case("translate", "--threads 0", lambda ws: translate(ws, ws.checkpoint, "--threads", "0"),
          ("--threads must be >= 1 (got 0)",), stdin=b"w1\n"),
+    Case("translate", "--use-ema with --engine ctranslate2", lambda ws: translate(
+        ws, ws.checkpoint, "--engine", "ctranslate2", "--use-ema"), ("--use-ema needs --engine nmt",), stdin=b"w1\n"),
     Case("translate", "a checkpoint name too long for the file system", lambda ws: translate(ws, "x" * 300 + ".pt"),
          ("File name too long",), stdin=b"w1\n"),
     # generate

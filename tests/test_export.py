@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -233,6 +234,81 @@ def test_engine_refuses_by_name_what_ctranslate2_cannot_do(run_dir, tmp_path):
     not_export.mkdir()
     result = nmt("translate", "--engine", "ctranslate2", "--path", str(not_export), "--device", "cpu", input="x\n")
     assert result.exit_code == 1 and result.stderr.startswith("error:")
+
+
+@ct2_installed
+def test_engine_checks_fairseqs_text_flags_as_nmt_does_and_refuses_use_ema(run_dir, tmp_path):
+    exported = tmp_path / "ct2"
+    assert nmt("export", "--format", "ctranslate2", str(run_dir), str(exported)).exit_code == 0
+    codes = tmp_path / "codes.txt"
+    codes.write_text("w o\n")
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    plain = nmt("translate", "--path", ckpt, *BEAM4, input="the dog\n")
+    for path in (str(exported), ckpt):
+        def translate(*flags: str, engine: str = "ctranslate2"):
+            return nmt("translate", "--engine", engine, "--path", path if engine == "ctranslate2" else ckpt, *BEAM4,
+                       *flags, input="the dog\n")
+
+        for flags in (("-s", "fr"), ("-t", "fr")):  # the very line of nmt's engine
+            ours, theirs = translate(*flags), translate(*flags, engine="nmt")
+            assert ours.exit_code == theirs.exit_code == 1 and ours.stderr == theirs.stderr, (flags, ours.stderr)
+        for flags, named in ((("--tokenizer", "none"), "--tokenizer none: "), (("--bpe", "subword_nmt"), "--bpe subword_nmt: "),
+                             (("--bpe-codes", str(codes)), f"--bpe-codes {codes}: not the BPE codes"),
+                             (("--use-ema",), "--use-ema needs --engine nmt")):
+            result = translate(*flags)
+            assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, (flags, result.stderr)
+            assert result.stderr.startswith("error: ") and named in result.stderr, (flags, result.stderr)
+        agreeing = translate("-s", "en", "-t", "de", "--tokenizer", "moses", "--bpe", "sentencepiece")
+        assert agreeing.exit_code == 0 and agreeing.stdout == plain.stdout
+
+
+def what_stands_at(path: Path) -> list:
+    """The entries at and under `path`: a link's target, a file's bytes, a directory's name."""
+    if path.is_symlink():
+        return [(path.name, os.readlink(path))]
+    entries = [path, *sorted(path.rglob("*"))] if path.is_dir() else [path]
+    return [(str(p), p.read_bytes() if p.is_file() else None) for p in entries]
+
+
+@ct2_installed
+def test_automatic_export_replaces_only_its_own_cache(run_dir, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for path in run_dir.iterdir():
+        if path.is_file():
+            (run / path.name).write_bytes(path.read_bytes())
+    ckpt, cache = run / "checkpoint_best.pt", run / "checkpoint_best.ctranslate2"
+    args = ("translate", "--engine", "ctranslate2", "--path", str(ckpt), *BEAM4)
+
+    def users_directory():
+        cache.mkdir()
+        (cache / "notes.txt").write_text("mine\n")
+
+    def quantized_export():  # an export of one's own there: another setting than the cache's
+        assert nmt("export", "--format", "ctranslate2", "--quantization", "int8", str(ckpt), str(cache)).exit_code == 0
+
+    def damaged_record():
+        users_directory()
+        (cache / "nmt_export.json").write_text("not JSON\n")
+
+    makers = (users_directory, quantized_export, damaged_record, lambda: cache.write_text("mine\n"),
+              lambda: cache.symlink_to(tmp_path / "elsewhere"))
+    for make in makers:
+        make()
+        before = what_stands_at(cache)
+        result = nmt(*args, input="the dog\n")
+        assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"error: {cache} ") and "move it" in result.stderr and result.stdout == ""
+        assert what_stands_at(cache) == before  # untouched
+        assert not [p for p in run.iterdir() if p.name.startswith(".")]  # nothing left behind
+        if cache.is_dir() and not cache.is_symlink():
+            shutil.rmtree(cache)
+        else:
+            cache.unlink()
+    cache.mkdir()  # an empty directory holds nothing to lose
+    made = nmt(*args, input="the dog\n")
+    assert made.exit_code == 0 and made.stdout == nmt("translate", "--path", str(ckpt), *BEAM4, input="the dog\n").stdout
+    assert (cache / "nmt_export.json").is_file() and not [p for p in run.iterdir() if p.name.startswith(".")]
 
 
 def test_missing_ctranslate2_is_one_line_naming_the_extra(run_dir, tmp_path, monkeypatch):

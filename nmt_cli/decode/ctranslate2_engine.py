@@ -11,7 +11,8 @@ The model is an export (`nmt export --format ctranslate2`): either `--path` name
 such a directory, or `--path` is an nmt checkpoint and its export is kept beside it as
 `NAME.ctranslate2/`, made once and made again whenever the checkpoint's contents
 change (the export records their sha256, nmt_cli/interop/export.py), written whole or
-not at all (nmt_cli/staging.py).
+not at all (nmt_cli/staging.py). It replaces only its own earlier export there: anything
+else of that name is refused, never deleted.
 
 Decoding options map onto CTranslate2's: --beam (beam_size), --nbest
 (num_hypotheses), --lenpen with fairseq's style (length_penalty: CTranslate2 too
@@ -19,7 +20,9 @@ divides the summed log-probability by length ** lenpen, the length counting `</s
 --max-len-a/-b (max_decoding_length, per group of sentences with the same limit),
 --min-len (min_decoding_length), --no-repeat-ngram-size, and --sampling with its
 top-k/top-p/temperature for one sample per sentence. What CTranslate2 cannot do
-(GNMT's length penalty, --unk-penalty, ensembles, --workers) is refused by name.
+(GNMT's length penalty, --unk-penalty, ensembles, --workers, --use-ema) is refused by name.
+fairseq's --source-lang/--target-lang/--tokenizer/--bpe/--bpe-codes are checked against
+the export's languages and meta.json as with nmt's engine (decode/loading.py).
 Two differences remain. At the length limit nmt forces `</s>` after the last allowed
 token, CTranslate2 stops there; such an output gets its `</s>` appended. And where
 --min-len holds an output past the point where the model would end it, the searches
@@ -60,6 +63,9 @@ def check_engine_options(cfg: TranslateConfig) -> None:
         raise NmtError("--workers needs --engine nmt (with --engine ctranslate2, --threads sets CTranslate2's threads)")
     if cfg.cuda_graphs:
         raise NmtError("--cuda-graphs needs --engine nmt")
+    if cfg.use_ema:  # an export holds one set of weights: the checkpoint's model weights, never its EMA
+        raise NmtError("--use-ema needs --engine nmt (a CTranslate2 export holds the checkpoint's weights, "
+                       "not its EMA weights)")
     if d.lenpen_style == "gnmt" and d.lenpen != 0:
         raise NmtError("--lenpen-style gnmt needs --engine nmt (CTranslate2's length penalty is fairseq's: len ** lenpen)")
     if d.unk_penalty != 0:
@@ -188,15 +194,44 @@ def model_directory(path: Path, warn: Callable[[str], None], quiet: bool) -> Pat
     cache = cache_directory(checkpoint)
     source = load_export_source(checkpoint)
     print_id = export_fingerprint(source, "ctranslate2", None)
-    if (cache / EXPORT_INFO).is_file():
-        try:
-            if ExportInfo.read(cache).fingerprint == print_id:
-                return cache
-        except NmtError:
-            pass  # a damaged cache is made again
+    info = _cached_info(cache)
+    if info is not None and info.fingerprint == print_id:
+        return cache
+    check_replaceable_cache(cache, checkpoint)
     if not quiet:
         warn(f"exporting {checkpoint} for CTranslate2 into {cache} (reused while the checkpoint is unchanged)")
     build_then_publish(cache, lambda staging: write_ctranslate2_model(source, staging, None, print_id),
                        lambda error: failure_line(f"writing the CTranslate2 export {cache} (or export it elsewhere "
                                                   "with `nmt export --format ctranslate2` and pass --path OUT)", error))
     return cache
+
+
+def _cached_info(cache: Path) -> ExportInfo | None:
+    """The record of the export in `cache`; None where there is none (or it is unreadable)."""
+    if not (cache / EXPORT_INFO).is_file():
+        return None
+    try:
+        return ExportInfo.read(cache)
+    except NmtError:
+        return None
+
+
+def check_replaceable_cache(cache: Path, checkpoint: Path) -> None:
+    """NmtError unless what stands at `cache` is nmt's own (older) cached export of this
+    checkpoint, an empty directory or nothing: the new export replaces it whole, and a
+    user's files there (or an export of their own: quantized, of another checkpoint) are
+    not nmt's to delete."""
+    if not cache.exists() and not cache.is_symlink():
+        return
+    if not cache.is_symlink() and cache.is_dir():
+        try:
+            if not any(cache.iterdir()):
+                return
+        except OSError:
+            pass  # unreadable: not known to be nmt's
+        info = _cached_info(cache)
+        if info is not None and info.checkpoint == checkpoint.name and info.quantization is None:
+            return  # made for this checkpoint's earlier contents (or by an earlier nmt)
+    raise NmtError(f"{cache} is where --engine ctranslate2 keeps its export of {checkpoint}, but it holds something "
+                   "else, which nmt does not replace: move it, or export with `nmt export --format ctranslate2 "
+                   f"{checkpoint} OUT` and pass --path OUT")

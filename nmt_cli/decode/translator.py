@@ -144,6 +144,8 @@ class Translator:
         need_target = cfg.output_format in ("text", "jsonl") or cfg.data_bin is not None
         directory = Path(cfg.data_bin) if cfg.data_bin is not None else self.engine.directory
         self.text = load_text_sides(directory, self.models, str(self.engine.directory), need_source, need_target)
+        # fairseq's -s/-t/--tokenizer/--bpe/--bpe-codes: the same checks (and pipeline) as nmt's engine.
+        self.text = fairseq_interactive_text(cfg, directory, self.models) or self.text
         self.generator = torch.Generator().manual_seed(cfg.decode.seed)
 
     def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
