@@ -53,6 +53,8 @@ def _acquire(lock_path: Path, directory: Path, flag: str) -> int:
         try:
             lock_path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except (FileExistsError, NotADirectoryError):  # a file stands where a directory of the path should be
+            raise NmtError(f"cannot write to {flag} {directory}: a part of its path is a file") from None
         except OSError as error:
             raise NmtError(f"cannot write to {flag} {directory}: {error.strerror or error} ({lock_path})") from None
         try:

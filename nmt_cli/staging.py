@@ -168,7 +168,10 @@ def published_on_success(target: Path) -> Iterator[Path]:
         fsync_path(tmp)
         os.replace(tmp, target)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # never made (a file stands where its directory should be): the error to report is the first
+            pass
         raise
     fsync_directory(target.parent)
 

@@ -132,6 +132,16 @@ def meta_with(ws: Workspace, content: bytes) -> Path:
     return copy
 
 
+def run_with_bpe_model(ws: Workspace, content: bytes) -> Path:
+    """A copy of the run whose meta.json names a sentencepiece model holding `content`."""
+    run = ws.run_copy()
+    meta = json.loads((run / "meta.json").read_text(encoding="utf-8"))
+    (run / "meta.json").write_text(json.dumps({**meta, "bpe": {"type": "sentencepiece", "model": "bpe.model"}}),
+                                   encoding="utf-8")
+    (run / "bpe.model").write_bytes(content)
+    return run
+
+
 def resume_from(ws: Workspace, state_changes: dict) -> list:
     """`nmt train` on a save dir whose checkpoint_last.pt is the tiny model, changed."""
     save = ws.root / "save"
@@ -195,6 +205,9 @@ CASES = [
     Case("export", "not a checkpoint", lambda ws: [
         "export", ws.file("x.pt", b"not a checkpoint"), ws.root / "out", "--format", "ctranslate2"],
          ("not a readable nmt checkpoint", "x.pt")),
+    Case("export", "a damaged BPE model beside the checkpoint", lambda ws: [
+        "export", run_with_bpe_model(ws, b"\xff\xfe"), ws.root / "out", "--format", "fairseq"],
+         ("not a sentencepiece model", "bpe.model")),
     # preprocess
     Case("preprocess", "srcdict with a bad line", lambda ws: preprocess(
         ws, "--bpe", "none", "--srcdict", ws.file("d.txt", "w1 5\nno-count-here\n")), ("bad dictionary line", "d.txt:2")),
@@ -236,6 +249,8 @@ CASES = [
     Case("apply-bpe", "full disk", lambda ws: ["apply-bpe", "--model", ws.bpe_model(), "--output", "/dev/full"],
          ("cannot write /dev/full", "No space left on device"), stdin=b"w1 w2\n" * 5000),
     # train
+    Case("train", "--save-dir inside a file", lambda ws: ["train", ws.data_bin, "--save-dir", ws.file("f", "") / "save", *TINY],
+         ("--save-dir", "f/save: a part of its path is a file")),
     Case("train", "truncated .bin", lambda ws: train(ws, (lambda d: truncate(d / "train.src-tgt.src.bin", 100) and d)(
         ws.data_bin_copy())), ("truncated or corrupt", "train.src-tgt.src.bin")),
     Case("train", "truncated .idx", lambda ws: train(ws, (lambda d: truncate(d / "valid.src-tgt.tgt.idx", 40) and d)(
@@ -277,6 +292,8 @@ CASES = [
     Case("train", "--eval-bleu-detok-args a JSON list", lambda ws: train(ws, ws.data_bin, "--eval-bleu",
          "--eval-bleu-detok-args", "[1]"), ("--eval-bleu-detok-args must be a JSON object",)),
     # translate
+    Case("translate", "-o inside a file", lambda ws: translate(ws, ws.checkpoint, "-o", ws.file("f", "") / "out"),
+         ("cannot write", "f/out: Not a directory"), stdin=b"w1\n"),
     Case("translate", "text file as checkpoint", lambda ws: translate(ws, ws.file("notes.txt", "hello\n")),
          ("not a readable nmt checkpoint", "notes.txt"), stdin=b"w1\n"),
     Case("translate", "truncated checkpoint", lambda ws: translate(ws, truncate(ws.run_copy() / "checkpoint_best.pt", 3000)),

@@ -25,6 +25,7 @@ from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.meta import read_meta
 from nmt_cli.decode.loading import dictionary_from_symbols
 from nmt_cli.errors import NmtError
+from nmt_cli.text.pipeline import TextPipeline
 
 # fairseq's per-module state version: 3 is what fairseq 0.12 writes (a pre-norm model's
 # final LayerNorm is read only from version 3 on).
@@ -111,6 +112,8 @@ def text_files(run_dir: Path, source_lang: str, target_lang: str) -> list[Path]:
             if not (run_dir / name).is_file():
                 raise NmtError(f"{run_dir / 'meta.json'} names BPE file {name}, which is not in {run_dir}")
             files.append(run_dir / name)
+    for lang in (source_lang, target_lang):  # loaded as translate loads them: a damaged file fails the export
+        TextPipeline.from_data_bin(run_dir, lang)
     return files
 
 
