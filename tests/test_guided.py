@@ -300,17 +300,20 @@ def test_cli_score_reference_equals_summed_teacher_forced_log_probs(run_dir, tmp
     from nmt_cli.text.pipeline import TextPipeline
 
     path = str(run_dir / "checkpoint_best.pt")
-    pairs = [("the dog runs", "the dog runs"), ("", ""), ("a red ball", "green grass over мир"), ("schön", "")]
+    # A blank line stays blank; a reference of an empty source is scored against </s> alone.
+    pairs = [("the dog runs", "the dog runs"), ("", ""), ("a red ball", "green grass over мир"), ("schön", ""),
+             ("", "the dog")]
     result = nmt("--path", path, *FAST, "--score-reference", input="".join(f"{s}\t{t}\n" for s, t in pairs))
     lines = result.output.splitlines()
-    assert result.exit_code == 0 and len(lines) == 4 and lines[1] == ""
+    assert result.exit_code == 0 and len(lines) == 5 and lines[1] == ""
     model = load(run_dir)
     dictionary = Dictionary.load(run_dir / "dict.en.txt")
     en, de = TextPipeline.from_data_bin(run_dir, "en"), TextPipeline.from_data_bin(run_dir, "de")
     for (source, target), line in zip(pairs, lines):
-        if not source:
+        if not source and not target:
             continue
         src_ids = torch.tensor([dictionary.encode(en.encode(source))])
+        assert src_ids[0, -1] == EOS_ID
         tgt_ids = dictionary.encode(de.encode(target))
         with torch.no_grad():
             logits = model(src_ids, torch.tensor([[EOS_ID] + tgt_ids[:-1]]))[0]

@@ -191,6 +191,9 @@ class Translator:
         """Translations of `lines`, in the same order (--score-reference: their references' scores)."""
         guided = [parse_line(line, self.cfg.guided, source_name) for line in lines]
         encoded = [self.source_ids(replace(line, text=g.source), source_name) for line, g in zip(lines, guided)]
+        if self.cfg.guided.score_reference:  # a reference is scored even against an empty source (</s> alone)
+            encoded = [[EOS_ID] if ids is None and (g.reference or "").strip() else ids
+                       for ids, g in zip(encoded, guided)]
         return self.translate_ids(lines, encoded, source_name, guided)
 
     def translate_ids(self, lines: list[InputLine], encoded: list[list[int] | None], source_name: str,
