@@ -327,7 +327,7 @@ def test_evaluation_text_survives_preprocessing_and_postprocessing(tmp_path, lan
     for split, lines in (("train", references), ("valid", references[:100]), ("test", references)):
         for side in ("en", lang):
             (raw / f"{split}.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    r = resolve(PAIR=f"en-{lang}", GPUS="1", WORK=str(tmp_path), BPE_SIZE="4000", WORKERS="1")
+    r = resolve(PAIR=f"en-{lang}", GPUS="1", WORK=str(tmp_path), BPE_SIZE="1000", WORKERS="1")
     command = plan.preprocess_command(r)
     subprocess.run([str(Path(sys.executable).parent / "nmt"), *command[1:]], check=True, capture_output=True)
 
