@@ -33,6 +33,7 @@ from test_translate import FAST, generated_sentences, nmt, one_thread, run_dir  
 KEY = "s3cret"
 DECODE = ["--max-len-a", "1", "--max-len-b", "5", "--threads", "1"]
 AUTH = {"Authorization": f"Bearer {KEY}"}
+FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
 
 def free_port() -> int:
@@ -151,6 +152,7 @@ def test_concurrent_clients_each_get_their_own_translations_in_order(server, run
     ("/v1/translate", {"text": ["a"]}, {"X-API-Key": "wrong"}, 401, "API key"),
     ("/v1/translate", b'{"text": ["a"', AUTH, 400, "malformed JSON"),
     ("/v1/translate", b'{"text": ["\xff\xfe"]}', AUTH, 400, "not valid UTF-8"),
+    ("/v1/translate", b"[" * 50000, AUTH, 400, "malformed JSON: nested too deeply"),
     ("/v1/translate", {"text": "a"}, AUTH, 422, "list of strings"),
     ("/v1/translate", {"text": ["a", 3]}, AUTH, 422, "item 2 is int"),
     ("/v1/translate", {"text": ["a"], "beam": "4"}, AUTH, 422, "beam must be an integer"),
@@ -168,6 +170,14 @@ def test_concurrent_clients_each_get_their_own_translations_in_order(server, run
     ("/translate", {"q": "a", "source": "en", "target": "fr", "api_key": KEY}, {}, 400, "no model translates en to fr"),
     ("/translate", {"source": "en", "target": "de", "api_key": KEY}, {}, 400, "missing q"),
     ("/translate", {"q": "<b>a</b>", "source": "en", "target": "de", "format": "html", "api_key": KEY}, {}, 400, "html"),
+    ("/translate", b"[" * 50000, {}, 400, "malformed JSON: nested too deeply"),
+    ("/translate", {"q": ["a", "b\nc \ud800"], "source": "en", "target": "de", "api_key": KEY}, {}, 400,
+     "sentence 3 is not valid Unicode (character 3 is a lone surrogate)"),
+    ("/translate", {"q": "a", "source": "en", "target": "de", "alternatives": "\u00b2", "api_key": KEY}, {}, 400,
+     "alternatives must be a non-negative integer"),
+    ("/translate", f"q=a&source=en&target=de&alternatives=%C2%B2&api_key={KEY}".encode(), FORM, 400,
+     "alternatives must be a non-negative integer"),
+    ("/translate", f"q=%FF%FE&source=en&target=de&api_key={KEY}".encode(), FORM, 400, "not valid UTF-8"),
 ])
 def test_refused_requests_get_their_status_and_the_server_answers_the_next(server, path, body, headers, status, message):
     got, _, answer = server.request("POST", path, body, headers)
@@ -186,7 +196,7 @@ def test_the_libretranslate_endpoint_has_its_request_and_response_shapes(server,
     assert body["detectedLanguage"] == [{"confidence": 100.0, "language": "en"}] * 3
     # A form-encoded request (as LibreTranslate also takes), with a text of two lines.
     form = f"q={texts[0]}%0A{texts[1]}&source=en&target=de&api_key={KEY}&alternatives=2".encode()
-    status, _, body = server.request("POST", "/translate", form, {"Content-Type": "application/x-www-form-urlencoded"})
+    status, _, body = server.request("POST", "/translate", form, FORM)
     assert status == 200 and body["translatedText"] == f"{expected[0]}\n{expected[1]}"
     assert isinstance(body["alternatives"], list) and len(body["alternatives"]) == 2
     status, _, languages = server.request("GET", "/languages")
@@ -278,6 +288,18 @@ def test_non_loopback_needs_a_key_and_a_missing_extra_is_one_line(run_dir, monke
     assert result.exit_code == 1
     assert result.output.strip() == "error: nmt serve needs Starlette and uvicorn: pip install 'nmt-cli[serve]'"
     assert server_module.named_paths(("en-de=runs/a", "runs/b=c")) == [("en-de", "runs/a"), (None, "runs/b=c")]
+
+
+def test_a_port_in_use_is_one_error_line_before_anything_is_announced(run_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "nmt_cli", "serve", "--path", str(run_dir), "--port", str(port),
+                                 *DECODE], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ") and "in use" in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
 
 
 # --- the batcher alone ------------------------------------------------------------------

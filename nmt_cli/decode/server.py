@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -153,6 +154,13 @@ class Service:
         if total > cfg.max_total_chars:
             raise RequestError(413, f"{total} characters in the request; at most {cfg.max_total_chars}")
 
+    def checked_texts(self, texts: list[Any], status: int, item: str) -> list[str]:
+        """`check_texts` for both endpoints, its "texts item N" named as the endpoint names them."""
+        try:
+            return check_texts(texts)
+        except (TypeError, ValueError) as error:
+            raise RequestError(status, str(error).replace("texts item", item)) from None
+
     def decode_settings(self, served: ServedModel, body: dict[str, Any]) -> DecodeConfig:
         options = {}
         for name, types in REQUEST_OPTIONS.items():
@@ -199,10 +207,7 @@ class Service:
         texts = body.get("text")
         if not isinstance(texts, list):
             raise RequestError(422, "\"text\" must be a list of strings")
-        try:
-            texts = check_texts(texts)
-        except (TypeError, ValueError) as error:
-            raise RequestError(422, str(error).replace("texts item", "text item")) from None
+        texts = self.checked_texts(texts, 422, "text item")
         self.check_sizes(texts)
         settings = self.decode_settings(served, body)
         unknown = sorted(set(body) - {"text", "model", *REQUEST_OPTIONS})
@@ -275,13 +280,13 @@ class Service:
             raise RequestError(400, f"format {text_format!r} is not supported (only \"text\")")
         served, auto = self.pick_pair(body.get("source"), body.get("target"))
         alternatives = body.get("alternatives", 0)
-        if isinstance(alternatives, str) and alternatives.isdigit():
-            alternatives = int(alternatives)  # a form field
+        if isinstance(alternatives, str) and alternatives.isascii() and alternatives.isdigit():
+            alternatives = int(alternatives)  # a form field ("²" is a digit too, but not int's)
         if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
             raise RequestError(400, "Invalid request: alternatives must be a non-negative integer")
         # LibreTranslate keeps a text's line breaks: each line is one sentence here.
         lines = [item.replace("\r\n", "\n").replace("\r", "\n").split("\n") for item in items]
-        flat = [line for item in lines for line in item]
+        flat = self.checked_texts([line for item in lines for line in item], 400, "Invalid request: sentence")
         self.check_sizes(flat)
         settings = self.decode_settings(served, {"nbest": alternatives + 1} if alternatives else {})
         done = await self.translate(served, flat, settings)
@@ -328,12 +333,17 @@ def parse_body(raw: bytes, form: bool) -> Any:
     except UnicodeDecodeError as error:
         raise RequestError(400, f"the request body is not valid UTF-8 (byte {error.start})") from None
     if form:
-        form = urllib.parse.parse_qs(text, keep_blank_values=True)
+        try:  # percent-escapes may spell invalid UTF-8 too: refused, not replaced by U+FFFD
+            form = urllib.parse.parse_qs(text, keep_blank_values=True, errors="strict")
+        except UnicodeDecodeError:
+            raise RequestError(400, "the form is not valid UTF-8 (once its %-escapes are decoded)") from None
         return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in form.items()}
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise RequestError(400, f"malformed JSON: {error}") from None
+    except RecursionError:  # "[[[[..." deeper than Python's stack
+        raise RequestError(400, "malformed JSON: nested too deeply") from None
 
 
 def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
@@ -413,6 +423,9 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
     api_key = read_api_key(cfg)
     metrics = Metrics()
     models = load_models(cfg, metrics)
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    listener = listen(cfg.host, cfg.port, f"{host}:{cfg.port}")
+    port = listener.getsockname()[1]  # --port 0: the one the system chose
     for served in models.values():
         served.batcher.start()
 
@@ -422,13 +435,21 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
 
     app = build_app(Service(cfg, models, metrics, api_key), stop_batchers)
     names = ", ".join(f"{m.name} ({m.pair[0]}->{m.pair[1]})" for m in models.values())
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    announce(f"serving {names} on http://{host}:{cfg.port}")
-    server = uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=None))
+    announce(f"serving {names} on http://{host}:{port}")
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None))
     try:
-        server.run()
+        with listener:
+            server.run(sockets=[listener])
     finally:
         stop_batchers()
-    if not server.started:
-        raise NmtError(f"could not listen on {host}:{cfg.port} (in use, or not an address of this machine)")
+
+
+def listen(host: str, port: int, shown: str) -> socket.socket:
+    """A socket listening on host:port, bound here rather than by uvicorn: a port in use is one
+    `error:` line before anything is announced (uvicorn logs it and exits 3)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        # SO_REUSEADDR (no waiting out TIME_WAIT) and uvicorn's backlog, as uvicorn binds.
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as error:
+        raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
