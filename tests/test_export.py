@@ -80,6 +80,15 @@ def run_dir(tmp_path_factory, one_thread) -> Path:
     return make_run(tmp_path_factory.mktemp("export"), steps=200)
 
 
+def copy_of_run(run_dir: Path, run: Path) -> Path:
+    """The files of `run_dir` in a new directory `run`, to change without touching the module's run."""
+    run.mkdir()
+    for path in run_dir.iterdir():
+        if path.is_file():
+            (run / path.name).write_bytes(path.read_bytes())
+    return run
+
+
 def sentences_text(count: int = 200) -> str:
     return "".join(line + "\n" for line in generated_sentences(count, seed=7))
 
@@ -188,11 +197,7 @@ def test_engine_keeps_the_line_guarantees(run_dir, tmp_path):
 
 @ct2_installed
 def test_automatic_export_is_cached_beside_the_checkpoint_and_remade_when_it_changes(run_dir, tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    for path in run_dir.iterdir():
-        if path.is_file():
-            (run / path.name).write_bytes(path.read_bytes())
+    run = copy_of_run(run_dir, tmp_path / "run")
     ckpt = run / "checkpoint_best.pt"
     args = ("translate", "--engine", "ctranslate2", "--path", str(ckpt), *BEAM4[:-1])
     first = nmt(*args, input="the dog\nred ball\n")
@@ -272,11 +277,7 @@ def what_stands_at(path: Path) -> list:
 
 @ct2_installed
 def test_automatic_export_replaces_only_its_own_cache(run_dir, tmp_path):
-    run = tmp_path / "run"
-    run.mkdir()
-    for path in run_dir.iterdir():
-        if path.is_file():
-            (run / path.name).write_bytes(path.read_bytes())
+    run = copy_of_run(run_dir, tmp_path / "run")
     ckpt, cache = run / "checkpoint_best.pt", run / "checkpoint_best.ctranslate2"
     args = ("translate", "--engine", "ctranslate2", "--path", str(ckpt), *BEAM4)
 

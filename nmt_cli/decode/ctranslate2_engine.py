@@ -197,7 +197,7 @@ def model_directory(path: Path, warn: Callable[[str], None], quiet: bool) -> Pat
     info = _cached_info(cache)
     if info is not None and info.fingerprint == print_id:
         return cache
-    check_replaceable_cache(cache, checkpoint)
+    check_replaceable_cache(cache, checkpoint, info)
     if not quiet:
         warn(f"exporting {checkpoint} for CTranslate2 into {cache} (reused while the checkpoint is unchanged)")
     build_then_publish(cache, lambda staging: write_ctranslate2_model(source, staging, None, print_id),
@@ -216,9 +216,9 @@ def _cached_info(cache: Path) -> ExportInfo | None:
         return None
 
 
-def check_replaceable_cache(cache: Path, checkpoint: Path) -> None:
-    """NmtError unless what stands at `cache` is nmt's own (older) cached export of this
-    checkpoint, an empty directory or nothing: the new export replaces it whole, and a
+def check_replaceable_cache(cache: Path, checkpoint: Path, info: ExportInfo | None) -> None:
+    """NmtError unless what stands at `cache` (whose export record is `info`) is nmt's own
+    (older) cached export of this checkpoint, an empty directory or nothing: the new export replaces it whole, and a
     user's files there (or an export of their own: quantized, of another checkpoint) are
     not nmt's to delete."""
     if not cache.exists() and not cache.is_symlink():
@@ -229,7 +229,6 @@ def check_replaceable_cache(cache: Path, checkpoint: Path) -> None:
                 return
         except OSError:
             pass  # unreadable: not known to be nmt's
-        info = _cached_info(cache)
         if info is not None and info.checkpoint == checkpoint.name and info.quantization is None:
             return  # made for this checkpoint's earlier contents (or by an earlier nmt)
     raise NmtError(f"{cache} is where --engine ctranslate2 keeps its export of {checkpoint}, but it holds something "
