@@ -126,8 +126,7 @@ class Translator:
         directory = text_directory(cfg.checkpoints[0], cfg.data_bin)
         if cfg.data_bin is not None:
             need_source = need_target = True  # an explicit --data-bin is always checked
-        self.text: TextSides = load_text_sides(directory, self.models, cfg.checkpoints[0], need_source, need_target)
-        self.text = fairseq_interactive_text(cfg, directory, self.models) or self.text
+        self.text = self._open_text(directory, cfg.checkpoints[0], need_source, need_target)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.decode.seed)
 
     def _open_ctranslate2(self) -> None:
@@ -143,10 +142,14 @@ class Translator:
         need_source = cfg.input_format == "raw" or cfg.data_bin is not None
         need_target = cfg.output_format in ("text", "jsonl") or cfg.data_bin is not None
         directory = Path(cfg.data_bin) if cfg.data_bin is not None else self.engine.directory
-        self.text = load_text_sides(directory, self.models, str(self.engine.directory), need_source, need_target)
-        # fairseq's -s/-t/--tokenizer/--bpe/--bpe-codes: the same checks (and pipeline) as nmt's engine.
-        self.text = fairseq_interactive_text(cfg, directory, self.models) or self.text
+        self.text = self._open_text(directory, str(self.engine.directory), need_source, need_target)
         self.generator = torch.Generator().manual_seed(cfg.decode.seed)
+
+    def _open_text(self, directory: Path, checkpoint: str, need_source: bool, need_target: bool) -> TextSides:
+        """The text pipelines of `directory` (checked against the model), or those that
+        fairseq's -s/-t/--tokenizer/--bpe/--bpe-codes give; both engines take the same."""
+        sides = load_text_sides(directory, self.models, checkpoint, need_source, need_target)
+        return fairseq_interactive_text(self.cfg, directory, self.models) or sides
 
     def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
         """Source ids ending in </s>, or None for a line with nothing to translate."""
