@@ -18,6 +18,7 @@ import contextlib
 import hmac
 import json
 import logging
+import os
 import socket
 import time
 import urllib.parse
@@ -448,8 +449,22 @@ def listen(host: str, port: int, shown: str) -> socket.socket:
     """A socket listening on host:port, bound here rather than by uvicorn: a port in use is one
     `error:` line before anything is announced (uvicorn logs it and exits 3)."""
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        # SO_REUSEADDR (no waiting out TIME_WAIT) and uvicorn's backlog, as uvicorn binds.
-        return socket.create_server((host, port), family=family, backlog=2048)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                            proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)[0]
+        # Made with proto IPPROTO_TCP, not 0 (as socket.create_server makes it): only then does
+        # asyncio turn Nagle's algorithm off on each connection, without which a response's
+        # body waits for the client's delayed ACK of its headers, 40 ms on Linux.
+        listener = socket.socket(family, kind, proto)
     except OSError as error:
+        raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
+    try:
+        if os.name != "nt":  # no waiting out TIME_WAIT, as uvicorn binds (on Windows it would share the port)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listener.bind(address)
+        listener.listen(2048)  # uvicorn's backlog
+        return listener
+    except OSError as error:
+        listener.close()
         raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
