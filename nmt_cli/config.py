@@ -444,8 +444,9 @@ class TranslateConfig:
     # Input lines per chunk: each chunk is sorted by length, translated, then written in order.
     buffer_size: int = option(
         "--buffer-size", default=DEFAULT_BUFFER_SIZE, type=int, cli_default=None,
-        help="Lines read before translating them together (sorted by length for speed); output "
-             f"appears chunk by chunk [default: {DEFAULT_BUFFER_SIZE}; 1 when stdin is a terminal].")
+        help="Lines read before translating them together (sorted by length for speed), at most: a chunk "
+             "also ends where no further line has arrived yet; output appears chunk by chunk "
+             f"[default: {DEFAULT_BUFFER_SIZE}; 1 when stdin is a terminal].")
     max_tokens: int | None = option(
         "--max-tokens", default=None, type=int,
         help="Source tokens per batch, padding included [default: 4096 unless --batch-size is given].")

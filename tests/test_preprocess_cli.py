@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from coprocess import answers_line_by_line
 from nmt_cli.cli import main
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
@@ -195,6 +196,8 @@ def test_learn_apply_bpe_and_binarize_commands(tmp_path: Path) -> None:
                      "file not found")
     bad = runner.invoke(main, ["apply-bpe", "--model", str(tmp_path / "m.model")], input=b"ok\n\xff\n")
     assert_one_error(bad, "<stdin>:2")
+    # A program that writes a line and waits for its pieces gets them (stdout a pipe, not a terminal).
+    assert answers_line_by_line(["apply-bpe", "--model", str(tmp_path / "m.model")], lines[:3]) == encoded.stdout.splitlines()[:3]
 
 
 def binarize_workspace(root: Path) -> tuple[Path, Path, dict[str, bytes]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import random
 import shutil
 from collections import Counter
@@ -25,12 +26,15 @@ from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig
 from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
 from nmt_cli.decode.ensemble import Ensemble
+from nmt_cli.decode.lines import InputLine, chunks, read_lines
 from nmt_cli.decode.search import generate
 from nmt_cli.decode.translator import make_batches, pad_batch
 from nmt_cli.models.fast import packed
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
+from nmt_cli.text.reader import ArrivingInput
+from coprocess import answers_line_by_line
 from model_utils import torch_threads
 
 WORDS = ["the", "dog", "runs", "a", "red", "ball", "over", "green", "grass", "Straße", "schön",
@@ -246,6 +250,53 @@ def test_output_order_does_not_depend_on_batching(run_dir):
     assert together.exit_code == 0 and one_by_one.exit_code == 0
     assert together.stdout == one_by_one.stdout
     assert len(together.stdout.splitlines()) == 40
+
+
+
+def test_a_writer_that_waits_for_each_translation_gets_it(run_dir):
+    """A program that drives `nmt translate` through pipes writes a line and waits for its
+    translation (as wrappers of fairseq-interactive do). With the default --buffer-size
+    of 2,000 lines, translate must not wait for more input first: a chunk ends when the
+    pipe holds no further line."""
+    lines = generated_sentences(3, seed=11)
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    expected = nmt("--path", ckpt, *FAST, input="".join(line + "\n" for line in lines)).stdout.splitlines()
+    assert answers_line_by_line(["translate", "--path", ckpt, *FAST], lines) == expected
+
+
+def test_chunks_end_where_no_further_line_has_arrived():
+    """ArrivingInput over a real pipe: lines read ahead and bytes in the pipe count as
+    ready, a writer that has sent nothing more does not; the lines are those of a file
+    with the same bytes (line ends, a first-line byte order mark, a last line without \\n)."""
+    read_end, write_end = os.pipe()
+    with os.fdopen(read_end, "rb", buffering=0) as reader, os.fdopen(write_end, "wb", buffering=0) as writer:
+        arriving = ArrivingInput(reader)
+        writer.write(b"\xef\xbb\xbfone\r\ntwo\nthr")
+        assert arriving.readline() == b"\xef\xbb\xbfone\r\n"
+        assert arriving.line_ready()  # "two" is read ahead
+        assert arriving.readline() == b"two\n"
+        assert not arriving.line_ready()  # only a part of the next line, and nothing in the pipe
+        writer.write(b"ee\n")
+        assert arriving.line_ready()
+        assert arriving.readline() == b"three\n"
+        writer.write(b"four\nlast")
+        writer.close()
+        assert [line.text for line in read_lines(arriving, "<pipe>", "strict")] == ["four", "last"]
+        assert arriving.line_ready() and arriving.readline() == b""
+
+    last = [0]
+
+    def numbered():
+        for number in range(1, 8):
+            last[0] = number
+            yield InputLine(number, str(number))
+
+    def numbers(groups):
+        return [[line.number for line in group] for group, _ in groups]
+
+    # The writer pauses after lines 2 and 6.
+    assert numbers(chunks(numbered(), 3, lambda: last[0] not in (2, 6))) == [[1, 2], [3, 4, 5], [6], [7]]
+    assert numbers(chunks(numbered(), 3)) == [[1, 2, 3], [4, 5, 6], [7]]
 
 
 def test_input_formats_agree_and_jsonl_carries_nbest(run_dir, tmp_path):

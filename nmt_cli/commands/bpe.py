@@ -64,19 +64,20 @@ def apply_bpe(**params: Any) -> None:
     from nmt_cli.errors import NmtError
     from nmt_cli.files import published_output, refuse_overwriting_inputs
     from nmt_cli.text.bpe import BpeModel
+    from nmt_cli.text.reader import ArrivingInput, read_stream
 
     cfg = config_from_params(ApplyBpeConfig, params)
     model, input_path, output_path, decode = cfg.model, cfg.input_path, cfg.output_path, cfg.decode
     refuse_overwriting_inputs(output_path, [("--input", input_path), ("--model", model)])
     bpe = BpeModel(Path(model))
-    lines = _input_lines(input_path)
-    interactive = input_path == "-" and sys.stdin.isatty()
+    stdin = ArrivingInput(sys.stdin.buffer) if input_path == "-" else None
+    lines = read_stream(stdin, "<stdin>") if stdin is not None else _input_lines(input_path)
     with published_output(output_path, "w") as out:
         try:
             for line in lines:
                 # Pieces are separated by single spaces; a tab or a no-break space is a piece of its own.
                 out.write((bpe.decode([p for p in line.split(" ") if p]) if decode else " ".join(bpe.encode(line))) + "\n")
-                if interactive:
+                if stdin is not None and not stdin.line_ready():  # a terminal, or a writer waiting for this line
                     out.flush()
             out.flush()
         except BrokenPipeError:

@@ -81,6 +81,7 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
     from nmt_cli.decode.lines import chunks, read_lines
     from nmt_cli.decode.translator import Translator, prepare_process
     from nmt_cli.decode.workers import ParallelTranslator
+    from nmt_cli.text.reader import ArrivingInput
 
     prepare_process(cfg)
     source_name = "<stdin>" if input_path == "-" else input_path
@@ -99,11 +100,12 @@ def run(cfg: TranslateConfig, input_path: str, output_path: str) -> None:
         stack.callback(gc.unfreeze)
         started, lines_done = time.monotonic(), 0
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
-        lines = read_lines(source, source_name, cfg.errors)
+        arriving = ArrivingInput(source)
+        lines = read_lines(arriving, source_name, cfg.errors)
         for side_path, field in ((cfg.guided.prefix_file, "prefix"), (cfg.guided.reference_file, "reference")):
             if side_path is not None:  # guided decoding's line-by-line side inputs
                 lines = with_side_file(lines, stack.enter_context(opened(side_path, "rb")), side_path, field, cfg.errors)
-        for group, read_error in chunks(lines, cfg.buffer_size):
+        for group, read_error in chunks(lines, cfg.buffer_size, arriving.line_ready):
             text = "".join(translator.format(translation) + "\n" for translation in translator.translate(group, source_name))
             _write(sink, text.encode("utf-8"), output_path)
             advance(len(group))

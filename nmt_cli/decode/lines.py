@@ -1,4 +1,5 @@
-"""Reading input lines for `translate`: streaming, UTF-8 checked, numbered.
+"""Reading input lines for `translate`: streaming, UTF-8 checked, numbered, and grouped
+into chunks that end early when the writer has sent no more yet.
 
 Lines are split as `text/reader.py` splits them (on `\\n` only; a trailing `\\r` and a
 UTF-8 byte order mark at the very start are dropped), so the output has exactly one
@@ -7,12 +8,12 @@ line per input line.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from nmt_cli.errors import NmtError
-from nmt_cli.text.reader import decode_utf8, stream_lines, without_line_end
+from nmt_cli.text.reader import ArrivingInput, decode_utf8, stream_lines, without_line_end
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class InputLine:
     reference: str | None = None  # --reference-file
 
 
-def read_lines(stream: BinaryIO, name: str, errors: str) -> Iterator[InputLine]:
+def read_lines(stream: BinaryIO | ArrivingInput, name: str, errors: str) -> Iterator[InputLine]:
     """Yield the lines of `stream` as they arrive.
 
     errors="strict": invalid UTF-8 raises NmtError naming the line (lines before it
@@ -35,8 +36,11 @@ def read_lines(stream: BinaryIO, name: str, errors: str) -> Iterator[InputLine]:
         yield InputLine(number, text)
 
 
-def chunks(lines: Iterator[InputLine], size: int) -> Iterator[tuple[list[InputLine], NmtError | None]]:
-    """Groups of up to `size` lines; a read error ends the stream after the lines before it.
+def chunks(lines: Iterator[InputLine], size: int,
+           line_ready: Callable[[], bool] = lambda: True) -> Iterator[tuple[list[InputLine], NmtError | None]]:
+    """Groups of up to `size` lines; a group also ends early where `line_ready` says the
+    next line is not at hand yet, so that a writer waiting for answers gets them. A read
+    error ends the stream after the lines before it.
 
     The error is handed over with the last group instead of raised at once, so that
     the caller can translate and write everything before the bad line first.
@@ -45,7 +49,7 @@ def chunks(lines: Iterator[InputLine], size: int) -> Iterator[tuple[list[InputLi
     try:
         for line in lines:
             group.append(line)
-            if len(group) == size:
+            if len(group) == size or not line_ready():
                 yield group, None
                 group = []
     except NmtError as error:

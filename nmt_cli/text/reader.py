@@ -7,11 +7,16 @@ very start of a file. NUL bytes and invalid UTF-8 are errors.
 
 Files are read in byte ranges that start at line starts, so several processes
 can each read one part of a large file (`line_chunks`) and their outputs can be
-concatenated in order.
+concatenated in order. Standard input is read as its lines arrive (`ArrivingInput`),
+so that a command can answer a writer that waits for each line's output.
 """
 
 from __future__ import annotations
 
+import os
+import select
+import stat
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,14 +171,74 @@ def _utf8_or_none(block: bytes) -> str | None:
         return None
 
 
-def stream_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+def stream_lines(stream: BinaryIO | ArrivingInput) -> Iterator[tuple[int, bytes]]:
     """(1-based number, raw line with its line end) for each line of `stream` as it
     arrives, the byte order mark that may begin the first line removed."""
     for lineno, raw in enumerate(iter(stream.readline, b""), start=1):
         yield lineno, raw.removeprefix(BOM) if lineno == 1 else raw
 
 
-def read_stream(stream: BinaryIO, name: str) -> Iterator[str]:
+class ArrivingInput:
+    """A binary input whose lines may come from a writer that waits for their answers
+    (a program driving `nmt translate` or `nmt apply-bpe` through pipes, a line at a time).
+
+    `readline` is a file's; `line_ready` says whether the next line can be had without
+    waiting: one read already, more bytes in the pipe, or the end. From a pipe, socket or
+    terminal (on POSIX) the descriptor is read directly, so that what is read ahead is
+    known; a regular file or an in-memory stream is always ready.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._fd = _waitable_descriptor(stream)
+        self._lines: deque[bytes] = deque()  # complete lines read ahead, line ends kept
+        self._partial: list[bytes] = []  # the start of the line after them
+        self._ended = False
+
+    def readline(self) -> bytes:
+        if self._fd is None:
+            return self._stream.readline()
+        while not self._lines:
+            if self._ended:
+                last = b"".join(self._partial)
+                self._partial = []
+                return last
+            self._receive()
+        return self._lines.popleft()
+
+    def line_ready(self) -> bool:
+        if self._fd is None or self._lines or self._ended:
+            return True
+        readable, _, _ = select.select([self._fd], [], [], 0)
+        return bool(readable)
+
+    def _receive(self) -> None:
+        data = os.read(self._fd, 1 << 16)
+        if not data:
+            self._ended = True
+            return
+        complete, newline, rest = data.rpartition(b"\n")
+        if not newline:
+            self._partial.append(data)
+            return
+        lines = (b"".join(self._partial) + complete).split(b"\n")
+        self._lines.extend(line + b"\n" for line in lines)
+        self._partial = [rest] if rest else []
+
+
+def _waitable_descriptor(stream: BinaryIO) -> int | None:
+    """The descriptor of a pipe, socket or terminal behind `stream`, or None."""
+    if os.name != "posix":
+        return None
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both OSError and ValueError
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) else None
+
+
+def read_stream(stream: BinaryIO | ArrivingInput, name: str) -> Iterator[str]:
     """Like `read_lines`, for an already-open binary stream such as stdin."""
     for lineno, raw in stream_lines(stream):
         yield decode_line(raw, name, lineno)
