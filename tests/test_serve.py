@@ -303,7 +303,6 @@ def test_a_port_in_use_is_one_error_line_before_anything_is_announced(run_dir):
     assert result.stderr.count("\n") == 1 and result.stdout == "", result.stderr
 
 
-
 def test_connections_to_the_listening_socket_send_without_nagles_delay():
     """A response goes out as two writes, headers then body. With Nagle's algorithm on, the
     body waits for the client's ACK of the headers, which a client delays by 40 ms (Linux):

@@ -252,7 +252,6 @@ def test_output_order_does_not_depend_on_batching(run_dir):
     assert len(together.stdout.splitlines()) == 40
 
 
-
 def test_a_writer_that_waits_for_each_translation_gets_it(run_dir):
     """A program that drives `nmt translate` through pipes writes a line and waits for its
     translation (as wrappers of fairseq-interactive do). With the default --buffer-size
