@@ -310,7 +310,7 @@ def test_connections_to_the_listening_socket_send_without_nagles_delay():
     each accepted connection, but only for a socket whose protocol is TCP, not 0."""
     from nmt_cli.decode import server as server_module
 
-    listener = server_module.listen("127.0.0.1", 0, "127.0.0.1:0")
+    (listener,) = server_module.listen("127.0.0.1", 0, "127.0.0.1:0")
     port = listener.getsockname()[1]
 
     async def accept_one() -> int:
@@ -328,6 +328,42 @@ def test_connections_to_the_listening_socket_send_without_nagles_delay():
             return nodelay
 
     assert asyncio.run(accept_one()) != 0
+
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_a_host_name_with_two_addresses_is_served_on_both(monkeypatch):
+    """"localhost" is 127.0.0.1 and ::1 on many machines: the server listens on each (as
+    uvicorn and asyncio bind a name), with --port 0 on one port, and takes connections on
+    both."""
+    from nmt_cli.decode import server as server_module
+
+    def both(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port)),
+                (socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("::1", port, 0, 0)),
+                (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", both)
+    listeners = server_module.listen("localhost", 0, "localhost:0")
+    try:
+        assert [s.family for s in listeners] == [socket.AF_INET, socket.AF_INET6]
+        port = listeners[0].getsockname()[1]
+        assert listeners[1].getsockname()[1] == port
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            with socket.socket(family, socket.SOCK_STREAM) as client:
+                client.connect((address, port))
+    finally:
+        for listener in listeners:
+            listener.close()
 
 
 # --- the batcher alone ------------------------------------------------------------------

@@ -425,8 +425,8 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
     metrics = Metrics()
     models = load_models(cfg, metrics)
     host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    listener = listen(cfg.host, cfg.port, f"{host}:{cfg.port}")
-    port = listener.getsockname()[1]  # --port 0: the one the system chose
+    listeners = listen(cfg.host, cfg.port, f"{host}:{cfg.port}")
+    port = listeners[0].getsockname()[1]  # --port 0: the one the system chose
     for served in models.values():
         served.batcher.start()
 
@@ -439,32 +439,41 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
     announce(f"serving {names} on http://{host}:{port}")
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None))
     try:
-        with listener:
-            server.run(sockets=[listener])
+        server.run(sockets=listeners)
     finally:
+        for listener in listeners:
+            listener.close()
         stop_batchers()
 
 
-def listen(host: str, port: int, shown: str) -> socket.socket:
-    """A socket listening on host:port, bound here rather than by uvicorn: a port in use is one
+def listen(host: str, port: int, shown: str) -> list[socket.socket]:
+    """Sockets listening on host:port, one for each of the host's addresses, as asyncio binds
+    a name ("localhost" may be both 127.0.0.1 and ::1); with port 0, all on the port the
+    system chose for the first. Bound here rather than by uvicorn: a port in use is one
     `error:` line before anything is announced (uvicorn logs it and exits 3)."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                            proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE)[0]
-        # Made with proto IPPROTO_TCP, not 0 (as socket.create_server makes it): only then does
-        # asyncio turn Nagle's algorithm off on each connection, without which a response's
-        # body waits for the client's delayed ACK of its headers, 40 ms on Linux.
-        listener = socket.socket(family, kind, proto)
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
+                                       flags=socket.AI_PASSIVE)
     except OSError as error:
         raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
+    listeners: list[socket.socket] = []
     try:
-        if os.name != "nt":  # no waiting out TIME_WAIT, as uvicorn binds (on Windows it would share the port)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-        listener.bind(address)
-        listener.listen(2048)  # uvicorn's backlog
-        return listener
+        for family, kind, proto, _, address in dict.fromkeys(addresses):  # each address once, in order
+            if listeners and port == 0:
+                address = (address[0], listeners[0].getsockname()[1], *address[2:])
+            # Made with proto IPPROTO_TCP, not 0 (as socket.create_server makes it): only then
+            # does asyncio turn Nagle's algorithm off on each connection, without which a
+            # response's body waits for the client's delayed ACK of its headers, 40 ms on Linux.
+            listener = socket.socket(family, kind, proto)
+            listeners.append(listener)
+            if os.name != "nt":  # no waiting out TIME_WAIT, as uvicorn binds (on Windows it would share the port)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(address)
+            listener.listen(2048)  # uvicorn's backlog
     except OSError as error:
-        listener.close()
+        for listener in listeners:
+            listener.close()
         raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
+    return listeners
