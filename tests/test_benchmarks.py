@@ -106,7 +106,10 @@ def test_encoder_padding_times_both_ways_at_each_share_of_pads() -> None:
         packed = figure(re.search(rf" {NUMBER} ms", line_starting(lines, f"nmt token rows, {share} pads  "))[1])
         padded = figure(re.search(rf" {NUMBER} ms", line_starting(lines, f"padded, {share} pads  "))[1])
         ratio = printed_ratio(line_starting(lines, f"ratio nmt / best peer (padded), {share} pads"))
-        assert ratio == pytest.approx(padded / packed, abs=0.006 + 0.01 * ratio)
+        # The times are printed to 0.01 ms and the ratio to 0.01: on a fast CPU this tiny
+        # model's times are well under 1 ms, and their rounding moves their ratio by more than 1%.
+        rounding = 0.005 + 1.05 * ratio * (0.005 / padded + 0.005 / packed)
+        assert ratio == pytest.approx(padded / packed, abs=rounding + 0.001)
 
 
 def test_loss_speed_prints_a_ratio_per_precision() -> None:
