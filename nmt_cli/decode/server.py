@@ -461,19 +461,28 @@ def listen(host: str, port: int, shown: str) -> list[socket.socket]:
         for family, kind, proto, _, address in dict.fromkeys(addresses):  # each address once, in order
             if listeners and port == 0:
                 address = (address[0], listeners[0].getsockname()[1], *address[2:])
-            # Made with proto IPPROTO_TCP, not 0 (as socket.create_server makes it): only then
-            # does asyncio turn Nagle's algorithm off on each connection, without which a
-            # response's body waits for the client's delayed ACK of its headers, 40 ms on Linux.
-            listener = socket.socket(family, kind, proto)
-            listeners.append(listener)
-            if os.name != "nt":  # no waiting out TIME_WAIT, as uvicorn binds (on Windows it would share the port)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            listener.bind(address)
-            listener.listen(2048)  # uvicorn's backlog
+            listeners.append(_listening_socket(family, kind, proto, address))
     except OSError as error:
         for listener in listeners:
             listener.close()
         raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
     return listeners
+
+
+def _listening_socket(family: int, kind: int, proto: int, address: tuple) -> socket.socket:
+    """A socket bound to `address` and listening, set up as uvicorn sets up its own."""
+    # Made with proto IPPROTO_TCP, not 0 (as socket.create_server makes it): only then does
+    # asyncio turn Nagle's algorithm off on each connection, without which a response's
+    # body waits for the client's delayed ACK of its headers, 40 ms on Linux.
+    listener = socket.socket(family, kind, proto)
+    try:
+        if os.name != "nt":  # no waiting out TIME_WAIT (on Windows it would share the port)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        listener.bind(address)
+        listener.listen(2048)  # uvicorn's backlog
+        return listener
+    except BaseException:
+        listener.close()
+        raise
