@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -159,6 +160,9 @@ def test_concurrent_clients_each_get_their_own_translations_in_order(server, run
     ("/v1/translate", {"text": ["a"], "beam": "4"}, AUTH, 422, "beam must be an integer"),
     ("/v1/translate", {"text": ["a"], "beam": 6}, AUTH, 422, "at most 5"),
     ("/v1/translate", {"text": ["a"], "beam": 2, "nbest": 3}, AUTH, 422, "nbest must be between 1 and beam"),
+    ("/v1/translate", {"text": ["a"], "beam": -3}, AUTH, 422, "beam must be >= 1 (got -3)"),
+    ("/v1/translate", {"text": ["a"], "max_len_a": -1}, AUTH, 422, "max_len_a and max_len_b must be >= 0"),
+    ("/v1/translate", b'{"text": ["a"], "beam": ' + b"9" * 4301 + b"}", AUTH, 400, "unreadable JSON"),
     ("/v1/translate", {"text": ["a"], "model": "fr-en"}, AUTH, 404, "no model named"),
     ("/v1/translate", b'{"text": ["a \\ud800"]}', AUTH, 422, "lone surrogate"),
     ("/v1/translate", {"text": ["a"], "max_len_a": 1e308}, AUTH, 422, "max_len_a may be at most"),
@@ -178,7 +182,12 @@ def test_concurrent_clients_each_get_their_own_translations_in_order(server, run
      "alternatives must be a non-negative integer"),
     ("/translate", f"q=a&source=en&target=de&alternatives=%C2%B2&api_key={KEY}".encode(), FORM, 400,
      "alternatives must be a non-negative integer"),
+    ("/translate", f"q=a&source=en&target=de&alternatives={'1' * 4301}&api_key={KEY}".encode(), FORM, 422,
+     "at most 5"),
     ("/translate", f"q=%FF%FE&source=en&target=de&api_key={KEY}".encode(), FORM, 400, "not valid UTF-8"),
+    ("/translate", b'{"q": "a", "source": "en", "target": "de", "api_key": "\\ud800"}', {}, 403, "Invalid API key"),
+    ("/translate", b"--x\r\nContent-Disposition: form-data\r\n\r\na\r\n--x--\r\n",
+     {"Content-Type": "multipart/form-data; boundary=x"}, 400, "part 1 of the multipart form has no name"),
 ])
 def test_refused_requests_get_their_status_and_the_server_answers_the_next(server, path, body, headers, status, message):
     got, _, answer = server.request("POST", path, body, headers)
@@ -200,9 +209,26 @@ def test_the_libretranslate_endpoint_has_its_request_and_response_shapes(server,
     status, _, body = server.request("POST", "/translate", form, FORM)
     assert status == 200 and body["translatedText"] == f"{expected[0]}\n{expected[1]}"
     assert isinstance(body["alternatives"], list) and len(body["alternatives"]) == 2
+    # The same as a multipart form (curl -F), with q given twice: two texts. Media types are
+    # case-insensitive.
+    fields = [("q", texts[0]), ("q", texts[1]), ("source", "en"), ("target", "de"), ("api_key", KEY)]
+    multipart = b"".join(f'--b0undary\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+                         for name, value in fields) + b"--b0undary--\r\n"
+    status, _, body = server.request("POST", "/translate", multipart,
+                                     {"Content-Type": "Multipart/Form-Data; boundary=b0undary"})
+    assert (status, body) == (200, {"translatedText": expected[:2]})
+    status, _, body = server.request("POST", "/translate", f"q={texts[2]}&source=en&target=de&api_key={KEY}".encode(),
+                                     {"Content-Type": "Application/X-WWW-Form-Urlencoded; charset=UTF-8"})
+    assert (status, body) == (200, {"translatedText": expected[2]})
     status, _, languages = server.request("GET", "/languages")
     assert status == 200 and {"code": "en", "name": "English", "targets": ["de"]} in languages
     assert all(set(entry) == {"code", "name", "targets"} for entry in languages)
+
+
+# A sample line of Prometheus' text format: name, labels whose values escape \\, " and line
+# feeds, a number.
+PROMETHEUS_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*"'
+PROMETHEUS_SAMPLE = re.compile(rf"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{{{PROMETHEUS_LABEL}(?:,{PROMETHEUS_LABEL})*\}})? \S+")
 
 
 def test_metrics_are_prometheus_text(server):
@@ -213,7 +239,86 @@ def test_metrics_are_prometheus_text(server):
         assert any(line.startswith(name + "{") for line in text.splitlines()), name
     for line in text.splitlines():  # every sample line: name{labels} number
         if not line.startswith("#"):
+            assert PROMETHEUS_SAMPLE.fullmatch(line), line
             float(line.rsplit(" ", 1)[1])
+
+
+def test_metrics_escape_a_model_name_that_holds_quotes_backslashes_or_line_feeds():
+    from nmt_cli.decode.metrics import Metrics
+
+    metrics = Metrics()
+    model = metrics.for_model('a"b\\c\nd')  # --path 'a"b\c<LF>d=run/'
+    model.batch_done(3)
+    model.request_done("v1", 200, 0.01)
+    samples = [line for line in metrics.render().splitlines() if not line.startswith("#")]
+    assert samples and all(PROMETHEUS_SAMPLE.fullmatch(line) for line in samples), samples
+    assert 'nmt_sentences_total{model="a\\"b\\\\c\\nd"} 3' in samples
+
+
+def test_api_keys_are_compared_as_the_bytes_sent():
+    """A header arrives as bytes, which Starlette gives as latin-1 text; a key outside ASCII
+    sent in UTF-8 (as curl sends it) must match, and a body's lone surrogate, which has no
+    UTF-8, matches nothing."""
+    from nmt_cli.decode.server import Service
+
+    service = Service(None, {}, None, "clé")
+    as_sent = "clé".encode().decode("latin-1")
+    assert service.authorized({"x-api-key": as_sent}) and service.authorized({"authorization": f"Bearer {as_sent}"})
+    assert service.authorized({}, "clé")
+    assert not service.authorized({"x-api-key": "clé"}) and not service.authorized({}, "cl\ud800")
+    assert not service.authorized({}, None) and not Service(None, {}, None, KEY).authorized({}, "\ud800")
+
+
+def test_the_body_limit_fits_the_most_characters_escaped_as_json_does_by_default():
+    from types import SimpleNamespace
+
+    from nmt_cli.decode.server import Service
+
+    cfg = SimpleNamespace(max_total_chars=50_000)
+    widest = json.dumps({"text": ["\U0001F600" * 2_000] * 25, "beam": 5})  # 50,000 characters, 12 bytes each
+    assert len(widest.encode()) <= Service(cfg, {}, None, None).body_limit()
+
+
+def test_a_body_that_stops_arriving_is_408_and_one_cut_short_is_400_without_a_traceback():
+    from starlette.requests import ClientDisconnect
+
+    from nmt_cli.decode.server import RequestError, read_body
+
+    class Stream:
+        def __init__(self, end: BaseException | None) -> None:
+            self.end = end
+
+        async def stream(self):
+            yield b'{"text": '
+            if self.end is None:
+                await asyncio.sleep(3600)
+            raise self.end
+
+    for end, status, message in ((None, 408, "no byte of the request body came for 0.05 s"),
+                                 (ClientDisconnect(), 400, "closed the connection")):
+        with pytest.raises(RequestError, match=re.escape(message)) as refused:
+            asyncio.run(read_body(Stream(end), 1000, stall_seconds=0.05))
+        assert refused.value.status == status
+
+
+def test_sigterm_does_not_wait_for_a_client_whose_body_stopped_arriving(run_dir):
+    """uvicorn waits for every open request before it exits; one whose body stalls is
+    answered 408 after BODY_STALL_SECONDS, and the server exits then."""
+    from nmt_cli.decode.server import BODY_STALL_SECONDS
+
+    server = Server(run_dir)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as stalled:
+            stalled.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 100\r\n\r\n{\"text\":")
+            time.sleep(0.5)
+            server.process.send_signal(signal.SIGTERM)
+            stalled.settimeout(BODY_STALL_SECONDS + 30)
+            assert stalled.recv(4096).startswith(b"HTTP/1.1 408 ")
+            assert server.process.wait(30) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+        assert "Traceback" not in server.process.stderr.read().decode()
+    finally:
+        server.stop()
 
 
 def test_a_full_queue_answers_503_then_sigterm_answers_every_queued_request(run_dir):
@@ -284,11 +389,24 @@ def test_non_loopback_needs_a_key_and_a_missing_extra_is_one_line(run_dir, monke
 
     result = CliRunner().invoke(main, ["serve", "--path", str(run_dir), "--host", "0.0.0.0"])
     assert result.exit_code == 1 and "is not a loopback address" in result.output and "--api-key" in result.output
+    result = CliRunner().invoke(main, ["serve", "--path", "en-de="])
+    assert result.exit_code == 1 and result.output == "error: --path en-de=: no path after en-de=\n"
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     result = CliRunner().invoke(main, ["serve", "--path", str(run_dir)])
     assert result.exit_code == 1
     assert result.output.strip() == "error: nmt serve needs Starlette and uvicorn: pip install 'nmt-cli[serve]'"
     assert server_module.named_paths(("en-de=runs/a", "runs/b=c")) == [("en-de", "runs/a"), (None, "runs/b=c")]
+
+
+@pytest.mark.parametrize("host", ["bad..host", "x" * 64 + ".example"])
+def test_a_host_name_that_cannot_be_encoded_is_one_error_line_before_the_models_load(run_dir, host, monkeypatch):
+    from nmt_cli.decode import server as server_module
+
+    monkeypatch.setattr(server_module, "load_models", lambda *args: pytest.fail("loaded the models first"))
+    result = CliRunner().invoke(main, ["serve", "--path", str(run_dir), "--host", host, "--api-key", KEY])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"error: cannot listen on {host}:8000: not a valid host name (")
+    assert result.output.count("\n") == 1
 
 
 def test_a_port_in_use_is_one_error_line_before_anything_is_announced(run_dir):
@@ -310,7 +428,7 @@ def test_connections_to_the_listening_socket_send_without_nagles_delay():
     each accepted connection, but only for a socket whose protocol is TCP, not 0."""
     from nmt_cli.decode import server as server_module
 
-    (listener,) = server_module.listen("127.0.0.1", 0, "127.0.0.1:0")
+    (listener,) = server_module.listen(server_module.resolve("127.0.0.1", 0, "127.0.0.1:0"), 0, "127.0.0.1:0")
     port = listener.getsockname()[1]
 
     async def accept_one() -> int:
@@ -353,7 +471,7 @@ def test_a_host_name_with_two_addresses_is_served_on_both(monkeypatch):
                 (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))]
 
     monkeypatch.setattr(socket, "getaddrinfo", both)
-    listeners = server_module.listen("localhost", 0, "localhost:0")
+    listeners = server_module.listen(server_module.resolve("localhost", 0, "localhost:0"), 0, "localhost:0")
     try:
         assert [s.family for s in listeners] == [socket.AF_INET, socket.AF_INET6]
         port = listeners[0].getsockname()[1]

@@ -18,6 +18,13 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
+def label(value: str) -> str:
+    """A label value as the text format writes it: in quotes, with \\, " and line feeds escaped
+    (a model's name, from `--path NAME=PATH`, may hold any of them)."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
 @dataclass
 class Histogram:
     buckets: Sequence[float]
@@ -88,19 +95,19 @@ class Metrics:
                  "# TYPE nmt_requests_total counter"]
         with self._lock:
             for (endpoint, status), n in sorted(self.unrouted.items()):
-                lines.append(f'nmt_requests_total{{model="",endpoint="{endpoint}",status="{status}"}} {n}')
+                lines.append(f'nmt_requests_total{{model="",endpoint={label(endpoint)},status="{status}"}} {n}')
             for name, m in self.models.items():
                 for (endpoint, status), n in sorted(m.requests.items()):
-                    lines.append(f'nmt_requests_total{{model="{name}",endpoint="{endpoint}",status="{status}"}} {n}')
+                    lines.append(f'nmt_requests_total{{model={label(name)},endpoint={label(endpoint)},status="{status}"}} {n}')
             lines += ["# HELP nmt_sentences_total Sentences translated.", "# TYPE nmt_sentences_total counter"]
-            lines += [f'nmt_sentences_total{{model="{name}"}} {m.sentences}' for name, m in self.models.items()]
+            lines += [f'nmt_sentences_total{{model={label(name)}}} {m.sentences}' for name, m in self.models.items()]
             lines += ["# HELP nmt_queue_sentences Sentences waiting for a batch.", "# TYPE nmt_queue_sentences gauge"]
-            lines += [f'nmt_queue_sentences{{model="{name}"}} {queued[name]}' for name in self.models]
+            lines += [f'nmt_queue_sentences{{model={label(name)}}} {queued[name]}' for name in self.models]
             lines += ["# HELP nmt_batch_sentences Sentences per translated batch.", "# TYPE nmt_batch_sentences histogram"]
             for name, m in self.models.items():
-                lines += m.batches.lines("nmt_batch_sentences", f'model="{name}"')
+                lines += m.batches.lines("nmt_batch_sentences", f"model={label(name)}")
             lines += ["# HELP nmt_request_latency_seconds Time from a request's arrival to its answer (200 only).",
                       "# TYPE nmt_request_latency_seconds histogram"]
             for name, m in self.models.items():
-                lines += m.latency.lines("nmt_request_latency_seconds", f'model="{name}"')
+                lines += m.latency.lines("nmt_request_latency_seconds", f"model={label(name)}")
         return "\n".join(lines) + "\n"

@@ -5,10 +5,11 @@ Endpoints: nmt's own `POST /v1/translate`, LibreTranslate's `POST /translate` an
 its own queue and worker thread (`decode/batcher.py`); a handler validates the request,
 encodes its sentences off the event loop, queues them and awaits its future.
 
-Status codes: 400 malformed body (not UTF-8, not JSON), 401/403 missing or wrong key
-(403 on the LibreTranslate endpoint, as LibreTranslate answers), 404 unknown model or
-language pair, 413 over a size limit, 422 wrong types or values, 500 the batch's
-decoding failed, 503 (with Retry-After) the queue is full or the server is stopping.
+Status codes: 400 malformed body (not UTF-8, not JSON, or the client went away before
+sending all of it), 401/403 missing or wrong key (403 on the LibreTranslate endpoint, as
+LibreTranslate answers), 404 unknown model or language pair, 408 a body that stopped
+arriving, 413 over a size limit, 422 wrong types or values, 500 the batch's decoding
+failed, 503 (with Retry-After) the queue is full or the server is stopping.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import hmac
 import json
 import logging
 import os
+import re
 import socket
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from email.parser import BytesParser
+from email.policy import HTTP
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +47,12 @@ LANGUAGE_NAMES = {
     "ro": "Romanian", "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese",
 }
 RETRY_AFTER_SECONDS = 1
+# A request body with no byte for this long is answered 408: a stalled client must not hold
+# its handler, nor keep SIGTERM's shutdown waiting for it.
+BODY_STALL_SECONDS = 10.0
+# Body bytes per character at the most: a character beyond U+FFFF escaped in JSON as a
+# surrogate pair (\ud83d\ude00) takes 12.
+BODY_BYTES_PER_CHARACTER = 12
 _log = logging.getLogger("nmt_cli.serve")
 # Beyond these an output is as long as the model's positions allow anyway; larger values
 # only risk overflowing the length arithmetic.
@@ -94,7 +104,10 @@ def named_paths(paths: tuple[str, ...]) -> list[tuple[str | None, str]]:
     out = []
     for item in paths:
         name, sep, path = item.partition("=")
-        out.append((name, path) if sep and name and "/" not in name else (None, item))
+        named = bool(sep and name and "/" not in name)
+        if named and not path:
+            raise NmtError(f"--path {item}: no path after {name}=")
+        out.append((name, path) if named else (None, item))
     return out
 
 
@@ -136,13 +149,16 @@ class Service:
         auth = headers.get("authorization", "")
         if given is None and auth.lower().startswith("bearer "):
             given = auth[7:].strip()
+        # Compared as bytes: a header as it came (Starlette decodes headers as latin-1),
+        # a body's key in UTF-8 (a lone surrogate, which has none, matches no key).
+        given_bytes = _encoded(given, "latin-1") if isinstance(given, str) else None
         if given is None and isinstance(body_key, str):
-            given = body_key
-        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.api_key.encode())
+            given_bytes = _encoded(body_key, "utf-8")
+        key = self.api_key.encode("utf-8", "surrogateescape")  # argv's own bytes
+        return given_bytes is not None and hmac.compare_digest(given_bytes, key)
 
     def body_limit(self) -> int:
-        # Every character may take 4 bytes of UTF-8 or 6 of a JSON escape, plus room for options.
-        return 6 * self.cfg.max_total_chars + 65536
+        return BODY_BYTES_PER_CHARACTER * self.cfg.max_total_chars + 65536  # and room for the options
 
     def check_sizes(self, texts: list[str]) -> None:
         cfg = self.cfg
@@ -179,8 +195,9 @@ class Service:
             options["beam"] = max(served.model.cfg.decode.beam, options["nbest"])
         try:
             return served.model.decode_config(**options)
-        except NmtError as error:
-            raise RequestError(422, str(error).replace("--", "").replace("-", "_")) from None
+        except NmtError as error:  # it names the command line's flags: "--max-len-a" -> "max_len_a"
+            message = re.sub(r"--([a-z][a-z0-9-]*)", lambda flag: flag[1].replace("-", "_"), str(error))
+            raise RequestError(422, message) from None
 
     async def translate(self, served: ServedModel, texts: list[str], settings: DecodeConfig) -> Done:
         from starlette.concurrency import run_in_threadpool
@@ -281,8 +298,8 @@ class Service:
             raise RequestError(400, f"format {text_format!r} is not supported (only \"text\")")
         served, auto = self.pick_pair(body.get("source"), body.get("target"))
         alternatives = body.get("alternatives", 0)
-        if isinstance(alternatives, str) and alternatives.isascii() and alternatives.isdigit():
-            alternatives = int(alternatives)  # a form field ("²" is a digit too, but not int's)
+        if isinstance(alternatives, str):  # a form field
+            alternatives = form_count(alternatives, self.cfg.max_beam)
         if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 0:
             raise RequestError(400, "Invalid request: alternatives must be a non-negative integer")
         # LibreTranslate keeps a text's line breaks: each line is one sentence here.
@@ -317,34 +334,90 @@ class Service:
                 for code, ts in sorted(targets.items())]
 
 
-async def read_body(request: Any, limit: int) -> bytes:
+def _encoded(text: str, encoding: str) -> bytes | None:
+    try:
+        return text.encode(encoding)
+    except UnicodeEncodeError:
+        return None
+
+
+def form_count(text: str, limit: int) -> int | str:
+    """A form field of ASCII digits as an int (one above `limit` as limit + 1: int() refuses
+    more than 4300 digits); any other text as it is, for the caller to refuse."""
+    if not (text.isascii() and text.isdigit()):  # "²" is a digit too, but not int's
+        return text
+    digits = text.lstrip("0") or "0"
+    return int(digits) if len(digits) <= len(str(limit)) else limit + 1
+
+
+async def read_body(request: Any, limit: int, stall_seconds: float = BODY_STALL_SECONDS) -> bytes:
+    from starlette.requests import ClientDisconnect
+
     size, chunks = 0, []
-    async for chunk in request.stream():
+    stream = request.stream()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(anext(stream), stall_seconds)
+        except StopAsyncIteration:
+            return b"".join(chunks)
+        except asyncio.TimeoutError:
+            raise RequestError(408, f"no byte of the request body came for {stall_seconds:g} s") from None
+        except ClientDisconnect:  # nobody reads the answer; no traceback for it either
+            raise RequestError(400, "the client closed the connection before its body was complete") from None
         size += len(chunk)
         if size > limit:
             raise RequestError(413, f"the request body is larger than {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
 
 
-def parse_body(raw: bytes, form: bool) -> Any:
-    """JSON, or with `form` (LibreTranslate's clients send both) a URL-encoded form."""
+def parse_body(raw: bytes, content_type: str, forms: bool) -> Any:
+    """JSON; with `forms` (LibreTranslate's clients send all three), also a URL-encoded or a
+    multipart form, by the Content-Type."""
+    media_type = content_type.partition(";")[0].strip().lower()
+    if forms and media_type == "multipart/form-data":
+        return parse_multipart(raw, content_type)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise RequestError(400, f"the request body is not valid UTF-8 (byte {error.start})") from None
-    if form:
+    if forms and media_type == "application/x-www-form-urlencoded":
         try:  # percent-escapes may spell invalid UTF-8 too: refused, not replaced by U+FFFD
-            form = urllib.parse.parse_qs(text, keep_blank_values=True, errors="strict")
+            fields = urllib.parse.parse_qs(text, keep_blank_values=True, errors="strict")
         except UnicodeDecodeError:
             raise RequestError(400, "the form is not valid UTF-8 (once its %-escapes are decoded)") from None
-        return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in form.items()}
+        return form_fields(fields)
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise RequestError(400, f"malformed JSON: {error}") from None
     except RecursionError:  # "[[[[..." deeper than Python's stack
         raise RequestError(400, "malformed JSON: nested too deeply") from None
+    except ValueError as error:  # a number of over 4300 digits, which int() refuses
+        raise RequestError(400, f"unreadable JSON: {error}") from None
+
+
+def parse_multipart(raw: bytes, content_type: str) -> dict[str, Any]:
+    """A multipart/form-data body (`curl -F`) -> its fields, as form_fields gives them."""
+    head = b"Content-Type: " + content_type.encode("latin-1", "replace") + b"\r\n\r\n"
+    message = BytesParser(policy=HTTP).parsebytes(head + raw)
+    if not message.is_multipart() or message.defects:
+        raise RequestError(400, "malformed multipart form (no boundary, or a part that does not end)")
+    fields: dict[str, list[str]] = {}
+    for number, part in enumerate(message.iter_parts(), 1):
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str):
+            raise RequestError(400, f"part {number} of the multipart form has no name")
+        try:
+            value = (part.get_payload(decode=True) or b"").decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise RequestError(400, f"form field {name} is not valid UTF-8 (byte {error.start})") from None
+        fields.setdefault(name, []).append(value)
+    return form_fields(fields)
+
+
+def form_fields(fields: dict[str, list[str]]) -> dict[str, Any]:
+    """A form's fields: each its last value, but a repeated `q` a list (several texts)."""
+    return {key: values if key == "q" and len(values) > 1 else values[-1] for key, values in fields.items()}
 
 
 def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
@@ -362,8 +435,8 @@ def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
             try:
                 if not libre and not service.authorized(request.headers):  # before reading the body
                     raise RequestError(401, "a valid API key is needed (Authorization: Bearer KEY or X-API-Key)")
-                is_form = libre and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded")
-                body = parse_body(await read_body(request, service.body_limit()), is_form)
+                raw = await read_body(request, service.body_limit())
+                body = parse_body(raw, request.headers.get("content-type", ""), forms=libre)
                 key = body.get("api_key") if isinstance(body, dict) else None
                 if libre and not service.authorized(request.headers, key):
                     raise RequestError(403, "Invalid API key")
@@ -422,10 +495,11 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
     import uvicorn
 
     api_key = read_api_key(cfg)
+    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+    addresses = resolve(cfg.host, cfg.port, f"{host}:{cfg.port}")  # a bad --host before the models load
     metrics = Metrics()
     models = load_models(cfg, metrics)
-    host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
-    listeners = listen(cfg.host, cfg.port, f"{host}:{cfg.port}")
+    listeners = listen(addresses, cfg.port, f"{host}:{cfg.port}")
     port = listeners[0].getsockname()[1]  # --port 0: the one the system chose
     for served in models.values():
         served.batcher.start()
@@ -446,19 +520,26 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
         stop_batchers()
 
 
-def listen(host: str, port: int, shown: str) -> list[socket.socket]:
-    """Sockets listening on host:port, one for each of the host's addresses, as asyncio binds
-    a name ("localhost" may be both 127.0.0.1 and ::1); with port 0, all on the port the
-    system chose for the first. Bound here rather than by uvicorn: a port in use is one
-    `error:` line before anything is announced (uvicorn logs it and exits 3)."""
+def resolve(host: str, port: int, shown: str) -> list[tuple]:
+    """The addresses to listen on for host:port, each once, in getaddrinfo's order: one
+    name may have several ("localhost": 127.0.0.1 and ::1), and asyncio binds them all."""
     try:
         addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
                                        flags=socket.AI_PASSIVE)
     except OSError as error:
         raise NmtError(f"cannot listen on {shown}: {error.strerror or error}") from None
+    except UnicodeError as error:  # a name the IDNA codec refuses: an empty label, or one over 63 characters
+        raise NmtError(f"cannot listen on {shown}: not a valid host name ({error})") from None
+    return list(dict.fromkeys(addresses))
+
+
+def listen(addresses: list[tuple], port: int, shown: str) -> list[socket.socket]:
+    """Sockets listening on `resolve`'s addresses; with port 0, all on the port the system
+    chose for the first. Bound here rather than by uvicorn: a port in use is one `error:`
+    line before anything is announced (uvicorn logs it and exits 3)."""
     listeners: list[socket.socket] = []
     try:
-        for family, kind, proto, _, address in dict.fromkeys(addresses):  # each address once, in order
+        for family, kind, proto, _, address in addresses:
             if listeners and port == 0:
                 address = (address[0], listeners[0].getsockname()[1], *address[2:])
             listeners.append(_listening_socket(family, kind, proto, address))
