@@ -427,7 +427,8 @@ class TranslateConfig:
                              help="fairseq's; must be the BPE of the data directory's meta.json [default: meta.json's].")
     bpe_codes: str | None = option(
         "--bpe-codes", default=None, path="file", metavar="FILE",
-        help="fairseq's; must hold the same codes as the data directory's [default: the data directory's].")
+        help="fairseq's; must hold the same codes as the data directory's (its subword-nmt codes, or its "
+             "sentencepiece model) [default: the data directory's].")
     remove_bpe: str | None = option(
         "--remove-bpe", default=None, flag_value="@@ ", metavar="[MARKER]",
         help="fairseq's; text and jsonl output always join pieces into words, so it changes nothing there "

@@ -596,3 +596,34 @@ def test_out_of_memory_is_one_error_line(run_dir, monkeypatch):
     assert result.stderr == ("error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate "
                              "49152000000 bytes.); smaller batches (--max-tokens, --batch-size) or a smaller --beam "
                              "need less\n")
+
+
+def test_a_line_whose_length_limit_is_below_min_len_is_translated_with_a_warning(run_dir):
+    """The forced </s> at the longest output allowed wins over --min-len (as in fairseq's
+    search, which asserts instead): each line it cuts is named, and a --min-len no output can
+    reach is refused."""
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    text = "the dog\n\n" + " ".join(["the dog runs"] * 5) + "\n"  # 3 and 16 source tokens with </s>
+    result = nmt("--path", ckpt, *FAST, "--min-len", "12", "--output-format", "jsonl", input=text)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == ("warning: <stdin>:1: its longest output allowed is 8 tokens (--max-len-a 1 x source + "
+                             "--max-len-b 5, within the model's 64 target positions), less than --min-len 12: the "
+                             "output ends there\n")
+    short, blank, long = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(short["tokens"]) == 8 + 1 and len(long["tokens"]) >= 12 + 1 and blank["tokens"] == []
+    refused = nmt("--path", ckpt, *FAST, "--min-len", "64", "--max-len-b", "2000", input=text)
+    assert refused.exit_code == 1 and refused.stderr == (
+        "error: --min-len 64 exceeds the model's longest output, 63 tokens (its 64 target positions, one of "
+        "them for </s>)\n")
+
+
+def test_bpe_codes_may_name_the_data_directorys_own_sentencepiece_model(run_dir, tmp_path):
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    plain = nmt("--path", ckpt, *FAST, input="the dog runs\n")
+    same = nmt("--path", ckpt, *FAST, "--bpe-codes", str(run_dir / "bpe.model"), input="the dog runs\n")
+    assert (same.exit_code, same.stdout) == (0, plain.stdout), same.stderr
+    other = tmp_path / "other.model"
+    other.write_bytes((run_dir / "bpe.model").read_bytes() + b"\0")
+    refused = nmt("--path", ckpt, *FAST, "--bpe-codes", str(other), input="the dog runs\n")
+    assert refused.exit_code == 1 and refused.stderr == (
+        f"error: --bpe-codes {other}: not the BPE codes of {run_dir} (nmt applies those itself)\n")

@@ -25,7 +25,7 @@ from nmt_cli.host_memory import release_freed_memory
 from nmt_cli.models.fast.int8 import quantize_linears
 from nmt_cli.models.fast.packed import pack_linears
 from nmt_cli.models.transformer import Transformer
-from nmt_cli.text.pipeline import SUBWORD_NMT_MARKER, TextPipeline
+from nmt_cli.text.pipeline import SUBWORD_NMT_MARKER, TextPipeline, bpe_model_path
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 from nmt_cli.text.tokenizer import TokenizerSettings
 
@@ -183,8 +183,12 @@ def fairseq_interactive_text(cfg: Any, directory: Path, loaded: LoadedModels) ->
     bpe = str(bpe_entry.get("type", "sentencepiece")) if bpe_entry else "none"
     if cfg.bpe is not None and cfg.bpe != bpe:
         raise NmtError(f"--bpe {cfg.bpe}: {meta_path} segments with {bpe}, which nmt applies itself")
-    if cfg.bpe_codes is not None:
-        codes = directory / str(bpe_entry.get("codes", "")) if bpe == "subword_nmt" else None
+    if cfg.bpe_codes is not None:  # subword-nmt's codes, or the source side's sentencepiece model
+        codes = None
+        if bpe == "subword_nmt":
+            codes = directory / str(bpe_entry.get("codes", "bpe.codes"))
+        elif bpe == "sentencepiece":
+            codes = bpe_model_path(directory, meta, "src")
         if codes is None or not codes.is_file() or codes.read_bytes() != Path(cfg.bpe_codes).read_bytes():
             raise NmtError(f"--bpe-codes {cfg.bpe_codes}: not the BPE codes of {directory} (nmt applies those itself)")
     return None

@@ -91,6 +91,13 @@ def check_beam_fits(beam: int, vocab_size: int) -> None:
         raise NmtError(f"--beam {beam} is larger than the target vocabulary ({vocab_size} symbols)")
 
 
+def check_min_len_fits(min_len: int, max_target_positions: int) -> None:
+    """--min-len must leave room for `</s>` in the model's target positions."""
+    if min_len > max_target_positions - 1:
+        raise NmtError(f"--min-len {min_len} exceeds the model's longest output, {max_target_positions - 1} tokens "
+                       f"(its {max_target_positions} target positions, one of them for </s>)")
+
+
 def max_output_lengths(src_lengths: list[int], cfg: DecodeConfig, max_target_positions: int) -> list[int]:
     """Per sentence, the most tokens allowed before the forced `</s>`.
 

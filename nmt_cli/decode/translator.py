@@ -30,7 +30,7 @@ from nmt_cli.decode.guided import (GuidedLine, format_alignment, parse_line, rep
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import (LoadedModels, TextSides, fairseq_interactive_text, load_models,
                                    load_text_sides, text_directory)
-from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
+from nmt_cli.decode.search import Hypothesis, check_beam_fits, check_min_len_fits, generate, max_output_lengths
 from nmt_cli.errors import NmtError, where
 from nmt_cli.host_memory import keep_freed_memory
 from nmt_cli.models.fast import packed
@@ -112,6 +112,7 @@ class Translator:
                      "instructions, slower than fp32)")
         self.models: LoadedModels = load_models(cfg.checkpoints, self.device, cfg.precision, cfg.use_ema)
         check_beam_fits(cfg.decode.beam, len(self.models.tgt_dict))  # before search allocates beam-sized buffers
+        check_min_len_fits(cfg.decode.min_len, self.models.max_target_positions)
         self.decoder = self.models.decoder
         # With CUDA graphs (by default on a GPU, where they decode several times faster),
         # beam search on one model is one graph per step; otherwise (ensembles, sampling,
@@ -137,6 +138,7 @@ class Translator:
         self.engine = CTranslate2Engine(cfg, self.warn)
         self.models = self.engine.models
         check_beam_fits(cfg.decode.beam, len(self.models.tgt_dict))
+        check_min_len_fits(cfg.decode.min_len, self.models.max_target_positions)
         self.device = torch.device("cpu")  # where the batches are built; CTranslate2 has its own --device
         self.decoder, self.fixed_search = None, None
         need_source = cfg.input_format == "raw" or cfg.data_bin is not None
@@ -208,6 +210,8 @@ class Translator:
         results = [Translation(line.number, [], ids) for line, ids in zip(lines, encoded)]
         todo = [i for i, ids in enumerate(encoded) if ids is not None]
         targets = {i: self._guide_ids(guided[i], lines[i].number, source_name) for i in todo}
+        if not self.cfg.guided.score_reference:
+            self._warn_where_min_len_is_cut(lines, encoded, [i for i in todo if targets[i].free], source_name)
         batches = make_batches([len(encoded[i]) for i in todo], self.cfg.max_tokens, self.cfg.batch_size)
         for batch in batches:
             items = [todo[j] for j in batch]
@@ -228,6 +232,20 @@ class Translator:
                 self.warn(f"warning: {where(source_name, lines[i].number)}: no hypothesis with a finite score; "
                           "the output line is empty")
         return results
+
+    def _warn_where_min_len_is_cut(self, lines: list[InputLine], encoded: list, todo: list[int],
+                                   source_name: str) -> None:
+        """A line whose longest output allowed is shorter than --min-len ends there (the forced
+        </s> wins, in both engines): said for each such line rather than silently."""
+        decode, positions = self.cfg.decode, self.models.max_target_positions
+        if decode.min_len == 0:
+            return
+        for i, limit in zip(todo, max_output_lengths([len(encoded[i]) for i in todo], decode, positions)):
+            if limit < decode.min_len:
+                self.warn(f"warning: {where(source_name, lines[i].number)}: its longest output allowed is {limit} "
+                          f"tokens (--max-len-a {decode.max_len_a:g} x source + --max-len-b {decode.max_len_b}, "
+                          f"within the model's {positions} target positions), less than --min-len {decode.min_len}: the output "
+                          "ends there")
 
     def _search(self, src_tokens: torch.Tensor) -> list[list[Hypothesis]]:
         max_positions = self.models.max_target_positions
@@ -410,6 +428,11 @@ class GuideIds:
     prefix: list[int]  # empty: none
     phrases: list[list[int]]  # each non-empty
     reference: list[int] | None  # --score-reference only, ending in </s>
+
+    @property
+    def free(self) -> bool:
+        """No prefix and no phrases: the output's length limit is --max-len-a/-b's alone."""
+        return not self.prefix and not self.phrases
 
 
 def _one_line(text: str) -> str:
