@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -134,6 +135,7 @@ class Model:
         lines = [InputLine(number, text) for number, text in enumerate(texts, 1)]
         with self._lock:
             translator = self._translator_for(decode)
+            translator.restart_sampling()
             translations = translator.translate_ids(lines, encoded, "<input>")
             return [self._result(translator, translation) for translation in translations]
 
@@ -170,6 +172,8 @@ def load(path: str | Path, *, device: str = "cpu", precision: str = "fp32", thre
     unknown = sorted(set(decode_options) - set(DECODE_OPTIONS))
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(unknown)}; decoding options: {', '.join(DECODE_OPTIONS)}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or a Path (got {type(path).__name__})")
     # CTranslate2's engine resolves its --path itself: an export directory, or a checkpoint's cached export.
     checkpoint = str(path) if engine == "ctranslate2" else str(resolve_checkpoint(Path(path)))
     cfg = TranslateConfig(

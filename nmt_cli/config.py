@@ -6,9 +6,12 @@ Each validates itself in `__post_init__` and raises `NmtError` on bad values.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -28,6 +31,43 @@ MAX_MODEL_SIZE = 2**63 - 1
 MIN_SINUSOID_DIM = 4
 ACTIVATIONS = ("relu", "gelu", "swish")
 SINUSOID_STYLES = ("fairseq", "marian")
+
+
+# What a field of each plain type holds, for check_field_types' message.
+_PLAIN_TYPES = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}
+
+
+@functools.cache
+def _plain_field_types(config_class: type) -> dict[str, tuple[type, bool]]:
+    """Field name -> (its plain type, whether None is allowed), for fields annotated int,
+    float, bool or str, alone or `| None`."""
+    plain = {}
+    for name, hint in typing.get_type_hints(config_class).items():
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        kinds = [kind for kind in members if kind is not type(None)]
+        if len(kinds) == 1 and kinds[0] in _PLAIN_TYPES:
+            plain[name] = (kinds[0], len(kinds) < len(members))
+    return plain
+
+
+def check_field_types(config: Any) -> None:
+    """Raise on a field whose value is not of its declared type. A config built in Python
+    (the API's options) skips click's conversion: a beam of 2.5 would fail deep in torch,
+    and a switch given "no" would be taken as on."""
+    for field in fields(config):
+        kind, optional = _plain_field_types(type(config)).get(field.name, (None, False))
+        value = getattr(config, field.name)
+        if kind is None or (value is None and optional):
+            continue
+        if kind is bool:
+            fits = isinstance(value, bool)
+        else:  # bool is an int in Python, but no count, size or rate; an int is a fine float
+            fits = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
+        if not fits:
+            flag = flag_of(field)
+            name = flag.decls[0].split("/")[0] if flag is not None else field.name
+            allowed = _PLAIN_TYPES[kind] + (" or None" if optional else "")
+            raise NmtError(f"{name} must be {allowed} (got {type(value).__name__} {value!r:.50})")
 
 
 def check_finite_numbers(config: Any) -> None:
@@ -240,6 +280,7 @@ class DecodeConfig:
     seed: int = option("--seed", default=1, show_default=True, help="Random seed (for --sampling).")
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         check_finite_numbers(self)
         check_choices(self)
         if self.beam < 1:
@@ -327,6 +368,7 @@ class GuidedConfig:
         return bool(self.prefix_file or self.constraints or self.json_input or self.score_reference)
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         check_choices(self)
         if self.reference_file is not None and not self.score_reference:
             raise NmtError("--reference-file needs --score-reference")
@@ -480,6 +522,7 @@ class TranslateConfig:
     engine: str = engine_option()
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         check_finite_numbers(self)
         check_choices(self)
         if not self.checkpoints or any(not p for p in self.checkpoints):
@@ -1475,6 +1518,7 @@ class ServeConfig:
     engine: str = engine_option()
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         check_finite_numbers(self)
         check_choices(self)
         if not self.paths or any(not p for p in self.paths):

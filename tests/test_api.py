@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -69,7 +70,16 @@ def test_threads_sharing_a_model_each_get_their_own_translations(model):
         assert got[k] == alone[k::4]
 
 
-def test_bad_input_is_a_clear_error(model, tmp_path):
+def test_sampling_with_a_seed_gives_what_nmt_translate_gives_at_every_call(model, run_dir):
+    """Each call samples from --seed's start, as a run of `nmt translate` does, whatever the
+    calls before it sampled."""
+    texts = generated_sentences(6, seed=19)
+    expected = cli_lines(run_dir, texts, *FAST, "--sampling", "--beam", "1", "--seed", "7")
+    calls = [model.translate(texts, sampling=True, beam=1, seed=7, max_len_a=1.0, max_len_b=5) for _ in range(3)]
+    assert calls == [expected] * 3
+
+
+def test_bad_input_is_a_clear_error(model, run_dir, tmp_path):
     with pytest.raises(TypeError, match="not a single string"):
         model.translate("a sentence")
     with pytest.raises(TypeError, match="item 2 is int"):
@@ -82,6 +92,21 @@ def test_bad_input_is_a_clear_error(model, tmp_path):
         model.translate(["a"], beam_size=2)
     with pytest.raises(NmtError, match="--nbest must be between 1 and --beam"):
         model.translate(["a"], beam=2, nbest=3)
+    # Options of the wrong type are refused by name, not left to fail inside torch (or, for
+    # a switch, taken as on): the CLI's click converts them, the API's caller does not.
+    for options, message in (({"beam": 2.5}, "--beam must be an integer (got float 2.5)"),
+                             ({"beam": True}, "--beam must be an integer (got bool True)"),
+                             ({"sampling": "no"}, "--sampling must be True or False (got str 'no')"),
+                             ({"lenpen_style": None}, "--lenpen-style must be a string (got NoneType None)"),
+                             ({"temperature": "1"}, "--temperature must be a number (got str '1')")):
+        with pytest.raises(NmtError, match=re.escape(message)):
+            model.translate(["a"], **options)
+    assert model.translate(["a"], lenpen=1, max_len_a=1, max_len_b=5) == model.translate(
+        ["a"], lenpen=1.0, max_len_a=1.0, max_len_b=5)  # an int is a number
+    with pytest.raises(NmtError, match=re.escape("--max-tokens must be an integer or None (got float 10.5)")):
+        nmt_cli.load(run_dir, max_tokens=10.5)
+    with pytest.raises(TypeError, match="path must be a str or a Path"):
+        nmt_cli.load(None)
     with pytest.raises(NmtError, match="without checkpoint_best.pt or checkpoint_last.pt"):
         nmt_cli.load(tmp_path)
     with pytest.raises(NmtError, match="not found"):

@@ -24,9 +24,10 @@ top-k/top-p/temperature for one sample per sentence. What CTranslate2 cannot do
 fairseq's --source-lang/--target-lang/--tokenizer/--bpe/--bpe-codes are checked against
 the export's languages and meta.json as with nmt's engine (decode/loading.py).
 Two differences remain. At the length limit nmt forces `</s>` after the last allowed
-token, CTranslate2 stops there; such an output gets its `</s>` appended. And where
---min-len holds an output past the point where the model would end it, the searches
-can pick different tokens (of the same lengths). jsonl output
+token, CTranslate2 stops there; such an output gets its `</s>` appended. And the tokens
+--min-len and --no-repeat-ngram-size ban are taken out before CTranslate2's softmax
+(the rest are renormalized) but after nmt's, as after fairseq's: where they ban a
+token, scores differ, and at times the hypothesis chosen. jsonl output
 takes each token's log-probability from CTranslate2's scoring of the hypothesis
 (`score_batch`), and its score is nmt's: their sum / length ** lenpen.
 """
@@ -100,14 +101,18 @@ class CTranslate2Engine:
         except (RuntimeError, ValueError) as error:
             raise NmtError(f"CTranslate2 cannot load {self.directory} on {cfg.device} with --precision "
                            f"{cfg.precision}: {' '.join(str(error).split())}") from None
-        if cfg.decode.sampling:
-            ct2.set_random_seed(cfg.decode.seed)
+        self.restart_sampling()
         # No nmt model: the search step is CTranslate2's (see Translator._search).
         self.models = LoadedModels(decoder=None, transformers=[], src_dict=src_dict, tgt_dict=tgt_dict,  # type: ignore[arg-type]
                                    source_lang=info.source_lang, target_lang=info.target_lang,
                                    max_source_positions=info.max_source_positions,
                                    max_target_positions=info.max_target_positions)
         self.with_positional_scores = cfg.output_format == "jsonl"
+
+    def restart_sampling(self) -> None:
+        """Sample from --seed's start again (CTranslate2's generator is one per process)."""
+        if self.cfg.decode.sampling:
+            import_ctranslate2("--engine ctranslate2").set_random_seed(self.cfg.decode.seed)
 
     def with_decode(self, cfg: TranslateConfig) -> CTranslate2Engine:
         """This engine's loaded translator searching with `cfg`'s decoding settings (the Python

@@ -384,6 +384,15 @@ class Translator:
         """A hypothesis as detokenized text on one line."""
         return _one_line(self.text.target.decode(self.models.tgt_dict.decode(hyp.tokens)))
 
+    def restart_sampling(self) -> None:
+        """Sample from --seed's start again, as a new `nmt translate` run does: each call of
+        the Python API (and each batch of the server) samples as that run would, whatever
+        was sampled before it."""
+        if self.cfg.decode.sampling:
+            self.generator.manual_seed(self.cfg.decode.seed)
+            if self.engine is not None:
+                self.engine.restart_sampling()
+
     def with_decode(self, decode: DecodeConfig) -> Translator:
         """This translator's loaded models and text pipelines searching with `decode` instead
         (the Python API's and the server's per-call options); the original is unchanged."""
