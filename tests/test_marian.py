@@ -258,6 +258,9 @@ def test_a_language_tag_stays_one_piece(hand_model, tmp_path):
     ({"architectures": ["MarianForCausalLM"]}, "holds no MarianMTModel"),
     ({"activation_function": "gelu_new"}, "activation_function 'gelu_new'"),
     ({"d_model": 0}, "d_model must be a positive integer"),
+    ({"dropout": None}, "dropout must be a number from 0 up to 1 (got None)"),
+    ({"attention_dropout": [1]}, "attention_dropout must be a number from 0 up to 1 (got [1])"),
+    ({"scale_embedding": "false"}, "scale_embedding must be true or false (got 'false')"),
     ({"eos_token_id": 5}, "eos_token_id 5 is not the id of '</s>'"),
 ])
 def test_what_nmt_cannot_compute_is_refused_by_name(tmp_path, change, message):

@@ -154,6 +154,12 @@ def check_marian(config: dict[str, Any], path: Path) -> None:
                  "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size", "max_position_embeddings"):
         if not (isinstance(config.get(name), int) and not isinstance(config.get(name), bool) and config[name] > 0):
             raise NmtError(f"{path}: {name} must be a positive integer (got {config.get(name)!r})")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):  # kept for fine-tuning the import
+        value = config.get(name, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise NmtError(f"{path}: {name} must be a number from 0 up to 1 (got {value!r})")
+    if not isinstance(config.get("scale_embedding", False), bool):
+        raise NmtError(f"{path}: scale_embedding must be true or false (got {config['scale_embedding']!r})")
 
 
 def model_config(config: dict[str, Any], sharing: Sharing) -> ModelConfig:
