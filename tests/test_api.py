@@ -92,6 +92,8 @@ def test_bad_input_is_a_clear_error(model, run_dir, tmp_path):
         model.translate(["a"], beam_size=2)
     with pytest.raises(NmtError, match="--nbest must be between 1 and --beam"):
         model.translate(["a"], beam=2, nbest=3)
+    with pytest.raises(NmtError, match="--min-len 64 exceeds the model's longest output, 63 tokens"):
+        model.translate(["a"], min_len=64, max_len_b=100)
     # Options of the wrong type are refused by name, not left to fail inside torch (or, for
     # a switch, taken as on): the CLI's click converts them, the API's caller does not.
     for options, message in (({"beam": 2.5}, "--beam must be an integer (got float 2.5)"),

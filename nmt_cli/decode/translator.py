@@ -397,6 +397,7 @@ class Translator:
         """This translator's loaded models and text pipelines searching with `decode` instead
         (the Python API's and the server's per-call options); the original is unchanged."""
         check_beam_fits(decode.beam, len(self.models.tgt_dict))
+        check_min_len_fits(decode.min_len, self.models.max_target_positions)
         other = copy.copy(self)
         other.cfg = dataclasses.replace(self.cfg, decode=decode)
         other.generator = torch.Generator(device=self.device).manual_seed(decode.seed)
