@@ -126,6 +126,23 @@ def shrunken_dictionary(ws: Workspace) -> Path:
     return copy
 
 
+def with_files_of(ws: Workspace, moves: dict[str, str]) -> Path:
+    """A copy of the data-bin, its meta.json counting tokens as `nmt preprocess` does,
+    in which file `a` then holds what file `moves[a]` held."""
+    from nmt_cli.data.indexed import IndexedDataset
+
+    copy = ws.data_bin_copy()
+    meta = json.loads((copy / "meta.json").read_text())
+    for split, entry in meta["counts"].items():
+        entry["tokens"] = {lang: int(IndexedDataset(copy / f"{split}.src-tgt.{lang}").offsets[-1])
+                           for lang in ("src", "tgt")}
+    (copy / "meta.json").write_text(json.dumps(meta))
+    contents = {name: (copy / other).read_bytes() for name, other in moves.items()}
+    for name, content in contents.items():
+        (copy / name).write_bytes(content)
+    return copy
+
+
 def meta_with(ws: Workspace, content: bytes) -> Path:
     copy = ws.data_bin_copy()
     (copy / "meta.json").write_bytes(content)
@@ -257,6 +274,9 @@ CASES = [
         ws.data_bin_copy())), ("truncated or corrupt", "valid.src-tgt.tgt.idx")),
     Case("train", "text file as .idx", lambda ws: train(ws, (lambda d: (d / "train.src-tgt.tgt.idx").write_text(
         "hello\n") and d)(ws.data_bin_copy())), ("bad header", "train.src-tgt.tgt.idx")),
+    Case("train", "train split replaced by valid", lambda ws: train(ws, with_files_of(ws, {
+        f"train.src-tgt.{lang}.{ext}": f"valid.src-tgt.{lang}.{ext}" for lang in ("src", "tgt")
+        for ext in ("bin", "idx")})), ("train.src-tgt.src.bin/.idx hold", "meta.json counted")),
     Case("train", "ids beyond the dictionary", lambda ws: train(ws, shrunken_dictionary(ws)),
          ("beyond the source dictionary", "train.src-tgt.src.bin")),
     Case("train", "meta.json not JSON", lambda ws: train(ws, meta_with(ws, b"{'python': True}")),

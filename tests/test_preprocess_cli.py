@@ -17,6 +17,7 @@ from nmt_cli.cli import main
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.indexed import IndexedDataset
+from nmt_cli.errors import NmtError
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
@@ -85,6 +86,23 @@ def test_end_to_end_with_two_test_sets(raw: Path) -> None:
     assert len(IndexedDataset(data_bin / "test1.en-de.de")) == 5
     again = nmt(*args)
     assert again.exit_code == 0 and "already up to date" in again.stdout
+
+
+def test_a_split_whose_files_are_another_sides_is_refused_by_its_counts(raw: Path) -> None:
+    """Swapped languages are sound files of their own: only meta.json's counts tell."""
+    from nmt_cli.data.pairs import load_data_bin
+
+    assert nmt(*preprocess_args(raw)).exit_code == 0
+    data_bin = raw / "data-bin"
+    assert len(load_data_bin(data_bin).split("train")) == 300
+    for ext in ("bin", "idx"):
+        en, de = (data_bin / f"train.en-de.{lang}.{ext}" for lang in ("en", "de"))
+        en_bytes = en.read_bytes()
+        en.write_bytes(de.read_bytes())
+        de.write_bytes(en_bytes)
+    with pytest.raises(NmtError, match=r"train.en-de.en.bin/.idx hold 300 sentences and \d+ tokens, but .*meta.json "
+                                       r"counted 300 and \d+ for train's en side"):
+        load_data_bin(data_bin).split("train")
 
 
 def test_crlf_and_bom_give_the_same_data_as_plain_lf(raw: Path, tmp_path: Path) -> None:

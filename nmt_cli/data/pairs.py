@@ -120,7 +120,25 @@ class DataBin:
                 raise NmtError(f"{dataset.prefix}.bin has id {largest} beyond the {lang} dictionary ({len(dictionary)} symbols)")
             if smallest < 0:
                 raise NmtError(f"{dataset.prefix}.bin has id {smallest}, below 0 (a corrupt file)")
+        self._check_counts(name, data)
         return data
+
+    def _check_counts(self, name: str, data: PairDataset) -> None:
+        """A split's files against what meta.json counted when it wrote them: the files of the
+        other language, or of another split, are sound files of their own, and every other
+        check passes them (fairseq's data-bins have no counts)."""
+        entry = (self.meta.get("counts") or {}).get(name)
+        if not isinstance(entry, dict):
+            return
+        for dataset, lang in ((data.src, self.source_lang), (data.tgt, self.target_lang)):
+            found = (len(dataset), int(dataset.offsets[-1]))
+            counted = (entry.get("sentences"), (entry.get("tokens") or {}).get(lang))
+            if any(isinstance(n, int) and n != have for n, have in zip(counted, found)):  # what meta.json counts
+                raise NmtError(
+                    f"{dataset.prefix}.bin/.idx hold {found[0]} sentences and {found[1]} tokens, but "
+                    f"{self.path / 'meta.json'} counted {counted[0]} and {counted[1]} for {name}'s {lang} side: the "
+                    "files of another language or split, or replaced since (give a split of `nmt binarize` a name "
+                    "of its own)")
 
 
 def load_data_bin(path: str | Path, source_lang: str | None = None, target_lang: str | None = None) -> DataBin:
