@@ -494,6 +494,20 @@ def test_metrics_log_resumes_at_the_checkpoints_record(tmp_path: Path) -> None:
     assert path.read_text().count("\n") == 3
 
 
+@pytest.mark.parametrize("last, kept", [('{"update": 2}', 3), ('{"update": 2, "lo', 2), (b'{"update": 2, "\xc3', 2)])
+def test_an_unended_last_record_is_ended_or_left_out_before_appending(tmp_path: Path, last, kept) -> None:
+    """A crash or a full disk may cut the last write short of its line feed. Appending to
+    that line would join the next record onto it: the log would be unreadable from there."""
+    path = tmp_path / "train_log.jsonl"
+    whole = "".join(f'{{"update": {i}}}\n' for i in range(2)).encode()
+    path.write_bytes(whole + (last if isinstance(last, bytes) else last.encode()))
+    log = MetricsLog(path, enabled=True, keep_records=5)
+    assert log.missing_records == 5 - kept
+    log.write({"update": 5})
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["update"] for r in records] == [*range(kept), 5]
+
+
 def test_metrics_log_killed_while_cutting_keeps_every_record(tmp_path: Path, monkeypatch) -> None:
     # A kill between opening the file for writing and writing it once emptied the log.
     path = tmp_path / "train_log.jsonl"

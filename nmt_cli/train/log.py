@@ -24,7 +24,10 @@ class MetricsLog:
     """`train_log.jsonl`, cut back to its first `keep_records` lines when resuming.
 
     The cut replaces the file atomically: a run killed while resuming must not lose the
-    records of the updates its checkpoint holds.
+    records of the updates its checkpoint holds. A last line without its line feed (a
+    crash or a full disk cut the write short) is ended if it is a whole record and left
+    out if not: appending to it would join the next record onto it, and a reader would
+    then refuse the log.
     """
 
     def __init__(self, path: Path, enabled: bool, keep_records: int) -> None:
@@ -33,8 +36,11 @@ class MetricsLog:
         self.missing_records = 0  # records the checkpoint expects but the file lacks
         if enabled:
             lines = _read_records(path, keep_records)
+            unended = bool(lines) and not lines[-1].endswith(b"\n")
+            if unended:
+                lines[-1:] = [lines[-1] + b"\n"] if _is_record(lines[-1]) else []
             self.missing_records = max(0, keep_records - len(lines))
-            if len(lines) > keep_records:
+            if len(lines) > keep_records or unended:
                 kept = b"".join(lines[:keep_records])
                 try:
                     replace_atomically(path, lambda tmp: tmp.write_bytes(kept))
@@ -51,9 +57,17 @@ class MetricsLog:
             raise NmtError(f"cannot write {self.path}: {error.strerror or error}") from None
 
 
+def _is_record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:  # not UTF-8, or not JSON
+        return False
+
+
 def _read_records(path: Path, keep_records: int) -> list[bytes]:
-    """The lines of an existing log, newlines kept. Read as bytes: lines past those the
-    checkpoint holds are cut unread; a damaged one among the kept is one error line."""
+    """The lines of an existing log, newlines kept (the last may lack its own). Read as
+    bytes: lines past those the checkpoint holds are cut unread; a damaged one among the
+    kept is one error line, but for an unended last line (see MetricsLog)."""
     if not path.is_file():
         return []
     try:
@@ -65,6 +79,8 @@ def _read_records(path: Path, keep_records: int) -> list[bytes]:
     if not lines[-1]:
         lines.pop()
     for number, line in enumerate(lines[:keep_records], start=1):
+        if not line.endswith(b"\n"):
+            break
         try:
             line.decode("utf-8")
         except UnicodeDecodeError:
