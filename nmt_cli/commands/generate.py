@@ -34,7 +34,8 @@ def generate(**params: Any) -> None:
           --remove-bpe sentencepiece
       nmt generate data-bin --path run/checkpoint_best.pt --batch-size 128 --beam 4 --lenpen 0.6 \\
           --remove-bpe sentencepiece --quiet
-      nmt generate data-bin --path run/checkpoint_best.pt --results-path out | grep ^H | cut -f3
+      nmt generate data-bin --path run/checkpoint_best.pt --results-path out    # out/generate-test.txt
+      grep ^H out/generate-test.txt | cut -f3
     """
     from nmt_cli.decode.generate import run_generate
 
