@@ -544,6 +544,64 @@ def test_under_steady_load_batches_stay_whole():
     assert sum(sizes) == 64 and len(sizes) <= 10, sizes
 
 
+def test_requests_of_other_settings_wait_from_their_own_arrival_not_for_the_last_batchs_clients():
+    """After a batch, requests of its settings wait for its clients' next ones; requests of
+    other settings cannot join those, and each group waited a whole --max-wait-ms more
+    (the k-th group about k times it)."""
+    def translate(texts, encoded, settings):
+        time.sleep(0.05)
+        return list(texts)
+
+    batcher = Batcher(translate, max_batch_tokens=4096, max_wait_s=1.0, capacity=100)
+    batcher.start()
+    futures = []
+    for settings in ("beam5", "beam1", "beam4", "beam3"):
+        futures.append(batcher.submit([settings], [None], 1, settings))
+        time.sleep(0.02)
+    waits = [future.result(30).queue_seconds for future in futures]
+    batcher.stop()
+    # Each leaves once the worker is free: about 1.0 s, then 0.05 s of decoding more each
+    # (not 2, 3 and 4 s).
+    assert waits[0] >= 0.9 and all(wait < 1.6 for wait in waits), waits
+
+
+def test_stopping_translates_the_queue_at_once_and_skips_cancelled_requests():
+    """SIGTERM's begin_stopping: queued requests leave without waiting for others; one whose
+    handler was cancelled (a second Ctrl-C) is not translated, nor does it end the worker."""
+    translated: list[list[str]] = []
+
+    def translate(texts, encoded, settings):
+        translated.append(list(texts))
+        return list(texts)
+
+    batcher = Batcher(translate, max_batch_tokens=4096, max_wait_s=60.0, capacity=100)
+    batcher.start()
+    abandoned = batcher.submit(["gone"], [None], 1, "beam1")
+    kept = batcher.submit(["kept"], [None], 1, "beam4")
+    assert abandoned.cancel()
+    batcher.begin_stopping()
+    assert kept.result(10).results == ["kept"] and translated == [["kept"]]
+    batcher.stop(10)
+    assert not batcher._thread.is_alive()
+
+
+def test_sigterm_answers_a_request_queued_for_a_long_batching_wait_at_once(run_dir):
+    server = Server(run_dir, "--max-wait-ms", "60000")
+    try:
+        answer: Future = Future()
+        threading.Thread(target=lambda: answer.set_result(server.translate(["the dog runs"]))).start()
+        deadline = time.monotonic() + 10
+        while server.request("GET", "/health")[2]["models"][0]["queued_sentences"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        server.process.send_signal(signal.SIGTERM)
+        status, _, body = answer.result(timeout=30)  # not after the 60 s wait
+        assert status == 200 and body["translations"] == cli_lines(run_dir, ["the dog runs"])
+        assert server.process.wait(30) in (0, 128 + signal.SIGTERM, -signal.SIGTERM)
+    finally:
+        server.stop()
+
+
 def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir, tmp_path):
     source = tmp_path / "test.en"
     source.write_text("".join(s + "\n" for s in generated_sentences(8, seed=15)), encoding="utf-8")

@@ -70,9 +70,11 @@ class Batcher:
         self._queued_sentences = 0
         self._cond = threading.Condition()
         self._stopping = False
-        # When the last batch ended and how many sentences it answered: its clients' next
-        # requests are on their way, and waiting for them keeps batches whole (see _next_batch).
+        # When the last batch ended, its settings, and how many sentences of them were queued
+        # then and answered by it: its clients' next requests are on their way, and waiting
+        # for them keeps batches whole (see _next_batch).
         self._last_done = -float("inf")
+        self._last_settings: Hashable = None
         self._coming_back = 0
         self._thread = threading.Thread(target=self._run, name=f"nmt-batcher-{name}", daemon=True)
 
@@ -98,11 +100,15 @@ class Batcher:
             self._cond.notify()
         return job.future
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Take no more requests, finish every queued one, then end the worker."""
+    def begin_stopping(self) -> None:
+        """Take no more requests, and translate the queued ones without waiting for others."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Take no more requests, finish every queued one, then end the worker."""
+        self.begin_stopping()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -121,15 +127,18 @@ class Batcher:
                 self._cond.wait()
             first = self._jobs[0]
             # Wait up to max_wait for others to join: from the first request's arrival, or just
-            # after a batch, from its end and only until as many sentences are queued as were
-            # queued then plus those it answered (its clients' next requests are on their way).
-            # Without that, requests queued while a batch ran would leave at once, the
-            # answered clients' next ones would form the batch after, and batches would stay
-            # split in two; with it, a lone client's next request leaves as soon as it comes.
-            just_after_batch = time.monotonic() < self._last_done + self.max_wait_s
+            # after a batch of the same settings, from its end and only until as many of their
+            # sentences are queued as were queued then plus those it answered (its clients'
+            # next requests are on their way). Without that, requests queued while a batch ran
+            # would leave at once, the answered clients' next ones would form the batch after,
+            # and batches would stay split in two; with it, a lone client's next request
+            # leaves as soon as it comes. Requests of other settings cannot join that batch:
+            # they wait from their own arrival only.
+            just_after_batch = (first.settings == self._last_settings
+                                and time.monotonic() < self._last_done + self.max_wait_s)
             deadline = (self._last_done if just_after_batch else first.submitted) + self.max_wait_s
             while (not self._stopping and self._tokens_like(first.settings) < self.max_batch_tokens
-                   and not (just_after_batch and self._queued_sentences >= self._coming_back)):
+                   and not (just_after_batch and self._sentences_like(first.settings) >= self._coming_back)):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -149,7 +158,15 @@ class Batcher:
     def _tokens_like(self, settings: Hashable) -> int:
         return sum(job.tokens for job in self._jobs if job.settings == settings)
 
+    def _sentences_like(self, settings: Hashable) -> int:
+        return sum(len(job.texts) for job in self._jobs if job.settings == settings)
+
     def _translate_batch(self, batch: list[_Job]) -> None:
+        # A request whose handler was cancelled (a forced exit) is not translated; the others'
+        # futures can no longer be cancelled, so completing them below cannot fail.
+        batch = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if not batch:
+            return
         started = time.monotonic()
         texts = [text for job in batch for text in job.texts]
         encoded = [ids for job in batch for ids in job.encoded]
@@ -160,8 +177,10 @@ class Batcher:
                 job.future.set_exception(error)
             return
         seconds = time.monotonic() - started
+        settings = batch[0].settings
         with self._cond:
-            self._last_done, self._coming_back = time.monotonic(), self._queued_sentences + len(texts)
+            self._last_done, self._last_settings = time.monotonic(), settings
+            self._coming_back = self._sentences_like(settings) + len(texts)
         self._observer.batch_done(len(texts))
         offset = 0
         for job in batch:

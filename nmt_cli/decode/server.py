@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -445,6 +446,9 @@ def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
                 response = JSONResponse(await handle(request.headers, body))
             except RequestError as error:
                 response = error_response(error)
+            except asyncio.CancelledError:  # a second Ctrl-C: uvicorn ends without waiting for this request
+                response = error_response(RequestError(503, "the server was stopped before this request was "
+                                                            "translated", {"Retry-After": str(RETRY_AFTER_SECONDS)}))
             except Exception as error:  # a bug, not the client's fault: 500, logged, and the server goes on
                 _log.exception("error handling %s", request.url.path)
                 response = error_response(RequestError(500, f"internal error: {type(error).__name__}: {error}"))
@@ -476,7 +480,10 @@ def build_app(service: Service, on_shutdown: Callable[[], None]) -> Any:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        yield
+        try:
+            yield
+        except asyncio.CancelledError:  # a second Ctrl-C: uvicorn ends at once, and serve() stops the batchers
+            return
         # uvicorn has stopped accepting and answered every open request; finish what is queued.
         await asyncio.get_running_loop().run_in_executor(None, on_shutdown)
 
@@ -508,16 +515,36 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
         for served in models.values():
             served.batcher.stop()
 
+    def stop_waiting() -> None:
+        for served in models.values():
+            served.batcher.begin_stopping()
+
     app = build_app(Service(cfg, models, metrics, api_key), stop_batchers)
     names = ", ".join(f"{m.name} ({m.pair[0]}->{m.pair[1]})" for m in models.values())
     announce(f"serving {names} on http://{host}:{port}")
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None))
+    server = draining_server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None),
+                             stop_waiting)
     try:
         server.run(sockets=listeners)
     finally:
         for listener in listeners:
             listener.close()
         stop_batchers()
+
+
+def draining_server(config: Any, stop_waiting: Callable[[], None]) -> Any:
+    """A uvicorn server whose SIGTERM (or Ctrl-C) also has the batchers translate what is
+    queued without waiting for more: uvicorn stops them (the lifespan's end) only once every
+    open request is answered, and those wait on them, up to --max-wait-ms for each batch."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            # From a thread: the signal may arrive while the event loop's thread holds a batcher's lock.
+            threading.Thread(target=stop_waiting, name="nmt-stop-waiting", daemon=True).start()
+
+    return DrainingServer(config)
 
 
 def resolve(host: str, port: int, shown: str) -> list[tuple]:
