@@ -143,6 +143,15 @@ def _env_number(env: Mapping[str, str], name: str, kind: type, default):
     return value
 
 
+def _train_flags(env: Mapping[str, str]) -> tuple[str, ...]:
+    """TRAIN_FLAGS split as the shell splits words."""
+    text = env.get("TRAIN_FLAGS", "")
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as error:  # an unclosed quote
+        raise PlanError(f"TRAIN_FLAGS={text!r} cannot be split into flags: {error}") from None
+
+
 @dataclass(frozen=True)
 class World:
     gpus: int  # per node; 0: the CPU
@@ -288,7 +297,7 @@ def resolve(env: Mapping[str, str]) -> Recipe:
         world=world, batch=batch, precision=precision,
         keep_last_epochs=_env_number(env, "KEEP_LAST_EPOCHS", int, 1),
         workers=_env_number(env, "WORKERS", int, 1),
-        train_flags=tuple(shlex.split(env.get("TRAIN_FLAGS", ""))),
+        train_flags=_train_flags(env),
         wmt14_dir=wmt14_dir, manifest=manifest, paths=paths,
     )
 

@@ -238,3 +238,23 @@ def test_rank_0_refusing_its_run_directory_stops_every_rank(tmp_path: Path, data
         assert f"rank 0: --save-dir {node0} holds an earlier run" in line, line
         assert "--reset-run" in line, line
     assert not (node0 / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.parametrize("launch, message", [
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE=0 must be at least 1"),
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "RANK=5 is not one of the ranks 0..1"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "MASTER_ADDR is not set"),
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"},
+     "MASTER_PORT='70000' is not a port"),
+])
+def test_a_launch_setting_no_process_group_can_have_is_one_error_line_before_any_wait(tmp_path: Path, data_bin: Path,
+                                                                                      launch, message) -> None:
+    """A rank outside the world waited 30 minutes for its peers; the others failed inside torch."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    result = subprocess.run([sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--arch", "transformer_tiny",
+                             "--save-dir", str(tmp_path / "run"), "--cpu", "--max-update", "1"],
+                            env={**env, **launch}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: environment variable ") and message in result.stderr, result.stderr

@@ -95,6 +95,7 @@ def test_settings_are_overridable_and_the_plan_says_so():
     ({"PAIR": "en-es"}, "PAIR='en-es'"),
     ({"PAIR": "en-de", "ARCH": "transformer_huge"}, "ARCH='transformer_huge'"),
     ({"PAIR": "en-de", "LR": "fast"}, "LR='fast' is not a number"),
+    ({"PAIR": "en-de", "TRAIN_FLAGS": '--foo "bar'}, "TRAIN_FLAGS='--foo \"bar' cannot be split into flags"),
     ({"PAIR": "en-de", "NNODES": "2"}, "MASTER_ADDR"),
     ({"PAIR": "en-de", "NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "a"}, "NODE_RANK"),
 ])

@@ -40,6 +40,26 @@ def _env_int(name: str, default: int) -> int:
         raise NmtError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def check_launch(world_size: int, rank: int, local_rank: int) -> None:
+    """The launcher's settings (torchrun's environment), checked before the process group
+    waits for its peers: a rank outside the world would wait for them for 30 minutes, and
+    a missing address fails deep inside torch."""
+    if world_size < 1:
+        raise NmtError(f"environment variable WORLD_SIZE={world_size} must be at least 1")
+    if not 0 <= rank < world_size:
+        raise NmtError(f"environment variable RANK={rank} is not one of the ranks 0..{world_size - 1} of WORLD_SIZE")
+    if local_rank < 0:
+        raise NmtError(f"environment variable LOCAL_RANK={local_rank} must be at least 0")
+    if world_size > 1:
+        if not os.environ.get("MASTER_ADDR"):
+            raise NmtError("environment variable MASTER_ADDR is not set: launch several processes with torchrun, "
+                           "which sets it (or set MASTER_ADDR and MASTER_PORT)")
+        port = _env_int("MASTER_PORT", 0)
+        if not 0 < port < 65536:
+            raise NmtError(f"environment variable MASTER_PORT={os.environ.get('MASTER_PORT')!r} is not a port "
+                           "(1-65535), or it is not set")
+
+
 def choose_device(device: str, local_rank: int) -> torch.device:
     """`auto`: this rank's GPU when there is one, else the CPU."""
     if device == "auto":
@@ -57,6 +77,7 @@ def setup(device: str) -> DistInfo:
     """Initialise the process group when launched with WORLD_SIZE > 1."""
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    check_launch(world_size, rank, local_rank)
     chosen = choose_device(device, local_rank)
     if world_size > 1 and not dist.is_initialized():
         timeout = timedelta(minutes=30)
