@@ -70,6 +70,14 @@ def check_field_types(config: Any) -> None:
             raise NmtError(f"{name} must be {allowed} (got {type(value).__name__} {value!r:.50})")
 
 
+def check_fields_of_python_callers(config: Any) -> None:
+    """The field checks of a config that the Python API and the server build from values
+    of their callers': types, then finite numbers, then choices."""
+    check_field_types(config)
+    check_finite_numbers(config)
+    check_choices(config)
+
+
 def check_finite_numbers(config: Any) -> None:
     """Raise on a float field that is nan or inf: it would reach the model as silent NaNs."""
     for field in fields(config):
@@ -280,9 +288,7 @@ class DecodeConfig:
     seed: int = option("--seed", default=1, show_default=True, help="Random seed (for --sampling).")
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        check_finite_numbers(self)
-        check_choices(self)
+        check_fields_of_python_callers(self)
         if self.beam < 1:
             raise NmtError(f"--beam must be >= 1 (got {self.beam})")
         if not 1 <= self.nbest <= self.beam:
@@ -368,8 +374,7 @@ class GuidedConfig:
         return bool(self.prefix_file or self.constraints or self.json_input or self.score_reference)
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        check_choices(self)
+        check_fields_of_python_callers(self)
         if self.reference_file is not None and not self.score_reference:
             raise NmtError("--reference-file needs --score-reference")
         if self.score_reference and (self.constraints or self.prefix_file or self.needs_alignment):
@@ -522,9 +527,7 @@ class TranslateConfig:
     engine: str = engine_option()
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        check_finite_numbers(self)
-        check_choices(self)
+        check_fields_of_python_callers(self)
         if not self.checkpoints or any(not p for p in self.checkpoints):
             raise NmtError("--path needs at least one checkpoint (several: a.pt:b.pt)")
         if self.buffer_size < 1:
@@ -1518,9 +1521,7 @@ class ServeConfig:
     engine: str = engine_option()
 
     def __post_init__(self) -> None:
-        check_field_types(self)
-        check_finite_numbers(self)
-        check_choices(self)
+        check_fields_of_python_callers(self)
         if not self.paths or any(not p for p in self.paths):
             raise NmtError("--path needs a checkpoint or run directory")
         if not 0 <= self.port <= 65535:
