@@ -54,8 +54,9 @@ def check_field_types(config: Any) -> None:
     """Raise on a field whose value is not of its declared type. A config built in Python
     (the API's options) skips click's conversion: a beam of 2.5 would fail deep in torch,
     and a switch given "no" would be taken as on."""
+    plain = _plain_field_types(type(config))
     for field in fields(config):
-        kind, optional = _plain_field_types(type(config)).get(field.name, (None, False))
+        kind, optional = plain.get(field.name, (None, False))
         value = getattr(config, field.name)
         if kind is None or (value is None and optional):
             continue
