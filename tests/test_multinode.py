@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,3 +259,51 @@ def test_a_launch_setting_no_process_group_can_have_is_one_error_line_before_any
                             env={**env, **launch}, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("error: environment variable ") and message in result.stderr, result.stderr
+
+
+def launch_env(**launch: str) -> dict[str, str]:
+    env = {k: v for k, v in SUBPROCESS_ENV.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                                 "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")}
+    return {**env, "MASTER_ADDR": "127.0.0.1", **launch}
+
+
+def test_a_rank_waiting_for_its_peers_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_path: Path, data_bin: Path) -> None:
+    """torch waits for the other ranks in C++, which retried through both signals (and printed
+    a C++ stack at each): a rank started before rank 0 could only be killed."""
+    ranks = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        env = launch_env(WORLD_SIZE="2", RANK="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()))
+        command = [sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--arch", "transformer_tiny",
+                   "--save-dir", str(tmp_path / sig.name), "--cpu", "--max-update", "1"]
+        ranks[sig] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    # A rank that takes no signal would leave its readline below waiting for ever.
+    watchdog = threading.Timer(TIMEOUT, lambda: [rank.kill() for rank in ranks.values()])
+    watchdog.start()
+    try:
+        for sig, rank in ranks.items():
+            notice = rank.stderr.readline()  # after WAIT_NOTICE_SECONDS
+            assert notice.startswith("rank 1 of 2: waiting for the other processes at MASTER_ADDR:MASTER_PORT "
+                                     "127.0.0.1:"), notice
+            rank.send_signal(sig)
+            rest = rank.stderr.read()
+            assert rank.wait(timeout=60) == 128 + sig, rest
+            assert rest == ("interrupted\n" if sig == signal.SIGINT else "terminated\n"), rest
+    finally:
+        watchdog.cancel()
+        for rank in ranks.values():
+            rank.kill()
+            rank.wait()
+
+
+def test_a_master_port_in_use_is_one_error_line(tmp_path: Path, data_bin: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--arch", "transformer_tiny",
+                                 "--save-dir", str(tmp_path / "run"), "--cpu", "--max-update", "1"],
+                                env=launch_env(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_PORT=str(port)),
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == (f"error: rank 0 cannot listen on MASTER_PORT {port}: the port is in use (by another "
+                             "run?); choose another MASTER_PORT\n"), result.stderr

@@ -8,6 +8,10 @@ CPU). A plain `nmt train` is a world of one and touches no process group.
 from __future__ import annotations
 
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -16,6 +20,10 @@ import torch.distributed as dist
 
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cuda_device, default_device
+
+
+# After this long without every rank, each waiting rank says what it waits for.
+WAIT_NOTICE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,12 +88,59 @@ def setup(device: str) -> DistInfo:
     check_launch(world_size, rank, local_rank)
     chosen = choose_device(device, local_rank)
     if world_size > 1 and not dist.is_initialized():
-        timeout = timedelta(minutes=30)
-        if chosen.type == "cuda":
-            dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=chosen)
-        else:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+        join_process_group(rank, world_size, chosen)
     return DistInfo(rank, world_size, local_rank, chosen)
+
+
+def join_process_group(rank: int, world_size: int, device: torch.device) -> None:
+    """Make the default process group (NCCL on GPU, gloo on CPU), waiting up to 30 minutes
+    for every rank to join.
+
+    torch waits for its peers in C++, which retries through signals: a rank waiting for
+    the others took neither Ctrl-C nor SIGTERM, and printed a C++ stack at each. The wait
+    runs in a thread that blocks both, and this thread waits for it in short joins,
+    between which Python's signal handlers run: a signal ends the wait, and the process.
+    Left waiting, the thread keeps no one from exiting (a daemon).
+    """
+    failure: list[BaseException] = []
+
+    def join() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            timeout = timedelta(minutes=30)
+            if device.type == "cuda":
+                torch.cuda.set_device(device)  # the current device is per thread
+                dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=device)
+            else:
+                dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+        except BaseException as error:  # raised again in the calling thread
+            failure.append(error)
+
+    waiting = threading.Thread(target=join, name="process-group", daemon=True)
+    waiting.start()
+    notice_at = time.monotonic() + WAIT_NOTICE_SECONDS
+    while waiting.is_alive():
+        # Short joins: a signal delivered to another thread is handled at the next one.
+        waiting.join(0.2)
+        if notice_at is not None and time.monotonic() > notice_at and waiting.is_alive():
+            notice_at = None  # a silent half hour would look like a hang
+            print(f"rank {rank} of {world_size}: waiting for the other processes at MASTER_ADDR:MASTER_PORT "
+                  f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} (for up to 30 minutes)",
+                  file=sys.stderr, flush=True)
+    if failure:
+        error = failure[0]
+        raise (_launch_error(error, rank, world_size) if isinstance(error, dist.DistError) else error) from None
+
+
+def _launch_error(error: dist.DistError, rank: int, world_size: int) -> NmtError:
+    """torch's failure to make the process group, as one line."""
+    address = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    if "EADDRINUSE" in str(error):
+        return NmtError(f"rank {rank} cannot listen on MASTER_PORT {os.environ.get('MASTER_PORT')}: the port is in "
+                        "use (by another run?); choose another MASTER_PORT")
+    reason = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+    return NmtError(f"rank {rank} of {world_size} could not join the process group at MASTER_ADDR:MASTER_PORT "
+                    f"{address}: {reason}")
 
 
 def teardown(info: DistInfo) -> None:
