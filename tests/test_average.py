@@ -292,3 +292,33 @@ def test_a_checkpoint_with_non_finite_weights_is_refused(tmp_path):
     bad = write(tmp_path, "bad.pt", checkpoint(weights))
     with pytest.raises(NmtError, match=f"{bad}: weight {name} holds NaN or infinite values"):
         average_checkpoints([good, bad])
+
+
+def test_the_refusal_gives_the_values_in_the_order_of_the_files_it_names(tmp_path):
+    a = write(tmp_path, "a.pt", checkpoint(small_state(1)))
+    b = write(tmp_path, "b.pt", checkpoint(small_state(2), model_config={**SMALL_CONFIG, "encoder_layers": 3}))
+    encoder_layers = SMALL_CONFIG["encoder_layers"]
+    with pytest.raises(NmtError) as error:
+        average_checkpoints([a, b])
+    assert str(error.value) == (f"cannot average {a} with {b}: different architectures "
+                                f"(encoder_layers: {encoder_layers!r} vs 3)")
+
+
+@pytest.mark.parametrize("damage, problem", [("a weight missing", "1 missing"),
+                                            ("another width in model_config", "of another shape")])
+def test_checkpoints_whose_weights_are_not_their_architectures_are_refused(tmp_path, damage, problem):
+    """Alike, they agreed with each other, and the average was written: `info` and `translate` then refused it."""
+    paths = []
+    for seed in (1, 2):
+        state = tiny_checkpoint(seed, seed)
+        if damage == "a weight missing":
+            del state["model"]["decoder.layers.0.self_attn_layer_norm.bias"]
+        else:
+            state["model_config"]["encoder_embed_dim"] *= 2
+        paths.append(write(tmp_path, f"c{seed}.pt", state))
+    output = tmp_path / "avg.pt"
+    result = CliRunner().invoke(main, ["average", "--inputs", *map(str, paths), "--output", str(output)])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert result.stderr.startswith(f"error: {paths[-1]}: the weights are not those of the architecture in its "
+                                    "model_config: ") and problem in result.stderr, result.stderr
+    assert not output.exists()

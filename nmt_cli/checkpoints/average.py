@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoints.ema_weights import with_ema_as_model
-from nmt_cli.checkpoints.format import MODEL_KEYS, check_finite_weights, load_checkpoint, save_checkpoint
+from nmt_cli.checkpoints.format import (MODEL_KEYS, check_finite_weights, check_weights_fit_config, load_checkpoint,
+                                        save_checkpoint)
 from nmt_cli.checkpoints.names import EPOCH_PATTERN, UPDATE_PATTERN, epoch_of, is_training_checkpoint, updates_of
 from nmt_cli.config import AverageConfig
 from nmt_cli.errors import NmtError, first_difference
@@ -94,7 +95,7 @@ def check_compatible(reference: dict[str, Any], reference_path: Path, other: dic
         problem = f"different parameters ({_difference_text(reference['parameters'], other['parameters'])})"
     else:
         problem = "different weight tying"
-    raise NmtError(f"cannot average {path} with {reference_path}: {problem}")
+    raise NmtError(f"cannot average {reference_path} with {path}: {problem}")  # values in the files' order
 
 
 def tied_keys(weights: dict[str, torch.Tensor]) -> dict[str, str]:
@@ -163,7 +164,11 @@ def average(cfg: AverageConfig) -> list[Path]:
     # Nor any training checkpoint of the runs read: an average (no optimizer state) written
     # over RUN/checkpoint_last.pt would end the run's resumability.
     refuse_overwriting_inputs(cfg.output, [("--inputs", p) for p in [*paths, *_run_checkpoints(cfg, paths)]])
-    save_checkpoint(average_checkpoints(paths, cfg.use_ema), cfg.output)
+    averaged = average_checkpoints(paths, cfg.use_ema)
+    # The inputs agreed with each other, but maybe not with their architecture (a damaged
+    # file, copied): an average that `info` and `translate` would refuse is not written.
+    check_weights_fit_config(averaged, paths[-1])  # the newest, whose model_config is kept
+    save_checkpoint(averaged, cfg.output)
     return paths
 
 

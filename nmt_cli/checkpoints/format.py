@@ -188,17 +188,30 @@ def model_from_checkpoint(state: dict[str, Any], source: str | os.PathLike = "ch
 
     `source` names the checkpoint in error messages.
     """
-    cfg = ModelConfig.from_dict(state["model_config"])
-    try:
-        # Every weight is loaded below (check_state_dict_fits makes sure): no random init.
-        model = build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]), initialise=False)
-    except NmtError as error:
-        raise NmtError(f"{source}: {error}") from None
+    model = _untrained_model(state, source)
     weights = state["model"]
     check_state_dict_fits(model, weights, source)
     check_finite_weights(weights, source)
     model.load_state_dict(weights)
     return model
+
+
+def check_weights_fit_config(state: dict[str, Any], source: str | os.PathLike) -> None:
+    """NmtError unless a loaded checkpoint's weights are those of its model_config's
+    architecture (checked on a model built on the meta device, which holds no memory)."""
+    with torch.device("meta"):
+        model = _untrained_model(state, source)
+    check_state_dict_fits(model, state["model"], source)
+
+
+def _untrained_model(state: dict[str, Any], source: str | os.PathLike) -> Transformer:
+    """The architecture of a checkpoint's model_config, its weights not initialised
+    (they are all loaded, or only their shapes are wanted)."""
+    cfg = ModelConfig.from_dict(state["model_config"])
+    try:
+        return build_model(cfg, len(state["src_dict"]), len(state["tgt_dict"]), initialise=False)
+    except NmtError as error:
+        raise NmtError(f"{source}: {error}") from None
 
 
 def check_finite_weights(weights: dict[str, torch.Tensor], source: str | os.PathLike) -> None:
