@@ -1395,6 +1395,12 @@ class TrainConfig:
             raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
         if self.eval_bleu and self.disable_validation:
             raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
+        for flag, following_validations in (("--patience", self.patience > 0),
+                                            ("--keep-best-checkpoints", self.keep_best_checkpoints > 0)):
+            if following_validations and self.disable_validation:
+                raise NmtError(f"{flag} follows the validations, and --disable-validation turns them off; drop one")
+        if self.tensorboard_logdir == "":
+            raise NmtError("--tensorboard-logdir is empty: give the directory to write to, or leave the option out")
         if self.keep_best_checkpoints < -1 or self.keep_best_checkpoints == 0:
             raise NmtError("--keep-best-checkpoints must be a positive count or -1 for none")
         if self.eval_bleu_subset_lines < 0:

@@ -546,3 +546,16 @@ def test_help_documents_every_option() -> None:
     for flag in ("--max-tokens", "--update-freq", "--lr-scheduler", "--label-smoothing", "--precision",
                  "--save-interval-updates", "--max-time", "--patience", "--finetune-from", "--dropout", "torchrun"):
         assert flag in result.output
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"disable_validation": True, "patience": 2},
+     "--patience follows the validations, and --disable-validation turns them off; drop one"),
+    ({"disable_validation": True, "keep_best_checkpoints": 2},
+     "--keep-best-checkpoints follows the validations, and --disable-validation turns them off; drop one"),
+    ({"tensorboard_logdir": ""}, "--tensorboard-logdir is empty"),
+])
+def test_options_that_could_never_act_are_refused(data_bin: Path, changes: dict, message: str) -> None:
+    """Each trained to the end with exit status 0, and the option did nothing."""
+    with pytest.raises(NmtError, match=re.escape(message)):
+        TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", **changes)
