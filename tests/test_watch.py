@@ -13,6 +13,7 @@ import json
 import os
 import pty
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from rich.console import Console
 
 from nmt_cli.cli import main
 from nmt_cli.train import trainer as trainer_module
-from nmt_cli.train.curves import read_curves
+from nmt_cli.train.curves import read_curves, read_runs
 from nmt_cli.train.live import Limits, eta_seconds
 from nmt_cli.train.log import Reporter
 
@@ -215,6 +216,23 @@ def test_plot_draws_two_runs(tmp_path: Path, two_runs: list[Path], suffix: str) 
     # Both runs' legends, and the BLEU row since run b logged BLEU (matplotlib writes text as glyph
     # paths, with each text's own string in a comment, which ElementTree drops: look in the raw SVG).
     assert all(f"<!-- {label} -->" in text for label in ("a train", "b valid", "valid BLEU", "updates")), labels
+
+
+def test_runs_are_named_apart_when_their_logs_share_a_folder(tmp_path: Path, two_runs: list[Path],
+                                                           monkeypatch) -> None:
+    """Two logs copied into one folder were both named `.` (the folder), and so was `nmt plot .`."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for run, name in zip(two_runs, ("base.jsonl", "big.jsonl")):
+        shutil.copy(run / "train_log.jsonl", logs / name)
+    monkeypatch.chdir(logs)
+    assert [run.name for run in read_runs(("base.jsonl", "big.jsonl"))] == ["base.jsonl", "big.jsonl"]
+    monkeypatch.chdir(two_runs[0])
+    assert [run.name for run in read_runs((".", str(two_runs[1])))] == ["a", "b"]
+    # Runs of one name are told apart by their paths as given, or else in full.
+    twin = write_log(tmp_path / "other" / "a", [train_record(10, 5.0, 60.0)])
+    assert [run.name for run in read_runs((".", str(twin)))] == [".", str(twin)]
+    assert [run.name for run in read_runs((".", "train_log.jsonl"))] == [str(two_runs[0].resolve())] * 2
 
 
 def test_plot_of_a_real_run(tmp_path: Path, data_bin: Path) -> None:

@@ -57,9 +57,16 @@ def log_path_of(run: str) -> Path:
 
 def read_runs(runs: tuple[str, ...]) -> list[RunCurves]:
     paths = [log_path_of(run) for run in runs]
-    names = [path.parent.name or str(path.parent) for path in paths]
-    if len(set(names)) < len(names):  # two runs of one name: tell them apart by path
-        names = [str(path.parent) for path in paths]
+    # A run's name: its directory's (`.` named too), or a log file's own when it is not
+    # train_log.jsonl (two logs copied into one folder); where names clash, the paths.
+    def run_of(path: Path) -> Path:
+        return path.parent if path.name == LOG_NAME else path
+
+    names = [run_of(path.resolve()).name for path in paths]
+    if len(set(names)) < len(names):
+        names = [str(run_of(path)) for path in paths]
+    if len(set(names)) < len(names):
+        names = [str(run_of(path.resolve())) for path in paths]
     return [read_curves(path, name) for path, name in zip(paths, names)]
 
 
