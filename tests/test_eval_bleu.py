@@ -19,7 +19,7 @@ import torch
 from fault_utils import ForkServer, assert_one_error, model_equal, nmt
 
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
-from nmt_cli.checkpoints.names import scored_best_checkpoint
+from nmt_cli.checkpoints.names import SCORED_BEST_NAME, scored_best_checkpoint
 from nmt_cli.config import TrainConfig
 from nmt_cli.data.pairs import load_data_bin
 from nmt_cli.train.best import ScoredCheckpoint, keep_best
@@ -174,14 +174,24 @@ def test_keep_best_keeps_exactly_the_n_best():
                 kept = change.kept
                 seen.append((value, step))
                 sign = -1 if metric == "bleu" else 1
-                naive: dict[str, float] = {}
+                naive: list[float] = []
                 for v, _ in sorted(seen, key=lambda vs: (sign * vs[0], vs[1])):
-                    name = scored_best_checkpoint(metric, v)
-                    if name not in naive and len(naive) < count:
-                        naive[name] = v
-                assert [e.name for e in kept] == list(naive), (metric, count, step)
-                assert on_disk == set(naive)
-                assert len(kept) == min(count, len({scored_best_checkpoint(metric, v) for v, _ in seen}))
+                    if v not in naive and len(naive) < count:
+                        naive.append(v)
+                assert [e.value for e in kept] == naive, (metric, count, step)
+                assert on_disk == {e.name for e in kept} and len(on_disk) == len(kept)
+                for entry in kept:  # fairseq's two decimals, or more where those clash
+                    score = SCORED_BEST_NAME.fullmatch(entry.name).group(2)
+                    assert len(score.split(".")[1]) >= 2 and float(score) == round(entry.value, len(score.split(".")[1]))
+
+
+def test_two_best_values_that_round_alike_are_both_kept():
+    """fairseq's names (two decimals) made 0.114 overwrite 0.112's file, keeping 0.009 instead."""
+    kept: list[ScoredCheckpoint] = []
+    for value in (0.009, 0.112, 0.114):
+        kept = keep_best(kept, value, "bleu", 2).kept
+    assert [(e.name, e.value) for e in kept] == [("checkpoint.best_bleu_0.114.pt", 0.114),
+                                                 ("checkpoint.best_bleu_0.11.pt", 0.112)]
 
 
 def test_fairseq_eval_bleu_flags_train(tmp_path, corpus):

@@ -28,9 +28,10 @@ def update_checkpoint(epoch: int, num_updates: int) -> str:
     return f"checkpoint_{epoch}_{num_updates}.pt"
 
 
-def scored_best_checkpoint(metric: str, value: float) -> str:
-    """fairseq's name for one of the --keep-best-checkpoints: the score with two decimals."""
-    return f"checkpoint.best_{metric}_{value:.2f}.pt"
+def scored_best_checkpoint(metric: str, value: float, decimals: int = 2) -> str:
+    """fairseq's name for one of the --keep-best-checkpoints: the score with two decimals
+    (more where two would give the name of another kept score)."""
+    return f"checkpoint.best_{metric}_{value:.{decimals}f}.pt"
 
 
 def is_scored_best(name: str) -> bool:

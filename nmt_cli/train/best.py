@@ -44,19 +44,22 @@ def is_better(value: float, best: float | None, metric: str) -> bool:
 
 
 def keep_best(kept: list[ScoredCheckpoint], value: float, metric: str, count: int) -> KeepBestChange:
-    """The kept-best files after a validation scoring `value`: the `count` best, best
-    first; on equal values the earlier validation stays ahead. A file whose name (the
-    score rounded to two decimals) is already kept is replaced only by a better model."""
-    new = ScoredCheckpoint(scored_best_checkpoint(metric, value), value)
-    namesake = next((entry for entry in kept if entry.name == new.name), None)
-    if count <= 0 or (namesake is not None and not is_better(value, namesake.value, metric)):
+    """The kept-best files after a validation scoring `value`: the `count` best values,
+    best first; on equal values the earlier validation stays ahead (the new one is not
+    kept). A value's file name has two decimals, as fairseq's, or as many more as tell
+    it from the other kept values' names (fairseq's would overwrite the file of a value
+    that rounds alike, and keep one best fewer)."""
+    if count <= 0 or any(entry.value == value for entry in kept):
         return KeepBestChange(list(kept), None, [])
-    others = [entry for entry in kept if entry.name != new.name]
+    decimals = 2
+    while any(entry.name == scored_best_checkpoint(metric, value, decimals) for entry in kept):
+        decimals += 1
+    new = ScoredCheckpoint(scored_best_checkpoint(metric, value, decimals), value)
     sign = -1.0 if maximized(metric) else 1.0
     # Stable sort: the earlier of two equal values keeps its place ahead of the new one.
-    ranked = sorted([*others, new], key=lambda entry: sign * entry.value)
+    ranked = sorted([*kept, new], key=lambda entry: sign * entry.value)
     survivors = ranked[:count]
     if new not in survivors:
         return KeepBestChange(list(kept), None, [])
-    removed = [entry.name for entry in kept if entry not in survivors and entry.name != new.name]
+    removed = [entry.name for entry in kept if entry not in survivors]
     return KeepBestChange(survivors, new.name, removed)
