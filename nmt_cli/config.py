@@ -1240,7 +1240,8 @@ class TrainConfig:
         help="At epoch ends write only checkpoint_last.pt (and checkpoint_best.pt), no checkpoint{EPOCH}.pt.")
     save_interval_updates: int = option(
         "--save-interval-updates", default=0, type=int,
-        help="Write checkpoint_{EPOCH}_{UPDATES}.pt and checkpoint_last.pt every N updates (0: off).")
+        help="Write checkpoint_{EPOCH}_{UPDATES}.pt and checkpoint_last.pt every N updates, and validate them "
+             "(as fairseq; 0: off).")
     keep_last_epochs: int = option("--keep-last-epochs", default=-1, type=int,
                                    help="Keep only the newest N epoch checkpoints (-1: all).")
     keep_interval_updates: int = option("--keep-interval-updates", default=-1, type=int,

@@ -559,3 +559,14 @@ def test_options_that_could_never_act_are_refused(data_bin: Path, changes: dict,
     """Each trained to the end with exit status 0, and the option did nothing."""
     with pytest.raises(NmtError, match=re.escape(message)):
         TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", **changes)
+
+
+def test_each_save_interval_updates_checkpoint_is_validated_as_in_fairseq(tmp_path: Path, data_bin: Path) -> None:
+    """fairseq validates at every mid-epoch save: its checkpoint_best.pt, --patience and
+    --keep-best-checkpoints see them. Only the epoch's end and --validate-interval-updates were."""
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "7", "--save-interval-updates", "3",
+                      "--validate-interval", "0", "--cpu"])
+    assert result.exit_code == 0, result.output
+    assert [r["update"] for r in records(run, "valid")] == [3, 6, 7]  # 7: the last update
+    assert sorted(p.name for p in run.glob("checkpoint_*_*.pt")) == ["checkpoint_1_3.pt", "checkpoint_1_6.pt"]

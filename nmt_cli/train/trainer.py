@@ -299,11 +299,15 @@ class Trainer:
             self._log_train()
         time_up = self._time_is_up(at_log)
         at_max = bool(cfg.max_update) and n >= cfg.max_update
+        at_save = bool(cfg.save_interval_updates) and n % cfg.save_interval_updates == 0
+        at_validation = bool(cfg.validate_interval_updates) and n % cfg.validate_interval_updates == 0
         is_best, best_file = False, None
-        if self.valid_split is not None and ((cfg.validate_interval_updates and n % cfg.validate_interval_updates == 0) or at_max):
+        # As fairseq: a checkpoint of --save-interval-updates is validated too, so that
+        # checkpoint_best.pt, --patience and --keep-best-checkpoints see it.
+        if self.valid_split is not None and (at_validation or at_save or at_max):
             is_best, best_file = self._validate()
         stop = "max_update" if at_max else "max_time" if time_up else self._patience_exhausted()
-        if (cfg.save_interval_updates and n % cfg.save_interval_updates == 0) or is_best or stop or best_file:
+        if at_save or is_best or stop or best_file:
             self._save(end_of_epoch=False, is_best=is_best, best_file=best_file)
         if stop == "max_time":
             self.reporter.info(f"--max-time reached after update {n}; checkpoint saved")
