@@ -275,7 +275,7 @@ def fail_on_call(real, failing_call: int):
 
 def train_args(data_bin: Path, run: Path, updates: int) -> list:
     return ["train", data_bin, "--save-dir", run, *TINY, "--max-update", updates, "--save-interval-updates", "1",
-            "--validate-interval-updates", "0", "--validate-interval", "0", "--log-interval", "1"]
+            "--disable-validation", "--log-interval", "1"]
 
 
 def partial_write_then_disk_full(real_save, failing_call: int):
