@@ -742,12 +742,13 @@ class PreprocessConfig:
                       help="Subword segmentation; none: the text is already segmented; auto: none when the "
                            "training text holds subword pieces ('@@ ' or '▁'), else sentencepiece.")
     bpe_size: int = option("--bpe-size", default=32000, show_default=True,
-                           help="BPE vocabulary size (sentencepiece pieces).")
+                           help="BPE vocabulary size (sentencepiece pieces); at least the training text's "
+                                "distinct characters + 4.")
     # Sentences sampled to learn BPE: bounds memory on huge corpora (sentencepiece holds the sample).
     bpe_sample: int = option(
         "--bpe-sample", default=DEFAULT_BPE_SAMPLE, show_default=True,
         help="Learn BPE on at most this many sentences (a seeded random sample; both languages count "
-             "for joint BPE); bounds memory on large corpora. 0: all.")
+             "for joint BPE); bounds memory on large corpora. 0: all; else more than 100.")
     bpe_seed: int = option("--bpe-seed", default=1, show_default=True, help="Seed of the BPE sentence sample.")
     separate_bpe: bool = flag_option("--separate-bpe",
                                      help="Learn one BPE model per language instead of a joint one.")
@@ -776,10 +777,6 @@ class PreprocessConfig:
         if self.workers < 1:  # above the CPUs is fine: fairseq's recipes say --workers 20 (preprocess/run.py)
             raise NmtError(f"--workers must be >= 1 (got {self.workers})")
         check_choices(self)
-        if self.bpe_size < 2:
-            raise NmtError(f"--bpe-size must be >= 2 (got {self.bpe_size})")
-        if self.bpe_sample < 0:
-            raise NmtError(f"--bpe-sample must be >= 0 (0: all sentences; got {self.bpe_sample})")
         from nmt_cli.text.bpe import check_sentencepiece_sizes
 
         check_sentencepiece_sizes(self.bpe_size, self.bpe_sample, "--bpe-size", "--bpe-sample")
@@ -820,15 +817,15 @@ class LearnBpeConfig:
     inputs: tuple[str, ...] = option(
         "--input", multiple=True, required=True,
         help="Tokenized text to learn from (UTF-8, one sentence per line); repeat for several files; - for stdin.")
-    vocab_size: int = option("--vocab-size", required=True, type=int, help="Number of BPE pieces (e.g. 32000).")
+    vocab_size: int = option("--vocab-size", required=True, type=int,
+                             help="Number of BPE pieces (e.g. 32000); at least the text's distinct characters + 4.")
     model_prefix: str = option("--model-prefix", required=True, help="Write the model to PREFIX.model.")
     sample: int = option("--sample", default=DEFAULT_BPE_SAMPLE, show_default=True,
-                         help="Learn on at most this many sentences (a seeded random sample; 0: all).")
+                         help="Learn on at most this many sentences (a seeded random sample; 0: all; "
+                              "else more than 100).")
     seed: int = option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
 
     def __post_init__(self) -> None:
-        if self.sample < 0:
-            raise NmtError(f"--sample must be >= 0 (0: all sentences; got {self.sample})")
         from nmt_cli.text.bpe import check_sentencepiece_sizes
 
         check_sentencepiece_sizes(self.vocab_size, self.sample, "--vocab-size", "--sample")

@@ -18,6 +18,7 @@ from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.data.indexed import IndexedDataset
 from nmt_cli.errors import NmtError
+from nmt_cli.text.bpe import BpeModel
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
@@ -307,7 +308,7 @@ def test_learn_bpe_options_and_stdin(tmp_path: Path) -> None:
     text = write(tmp_path / "tok.txt", sentences(200, 4))
     prefix = tmp_path / "m"
     assert_one_error(nmt("learn-bpe", "--input", text, "--vocab-size", 120, "--model-prefix", prefix, "--sample", -1),
-                     "--sample must be >= 0 (0: all sentences; got -1)")
+                     "--sample must be 0 (all sentences) or at least 101 (sentencepiece's smallest sample; got -1)")
     runner = CliRunner()
     args = ["learn-bpe", "--vocab-size", "120", "--model-prefix", str(prefix)]
     assert_one_error(runner.invoke(main, [*args, "--input", "-", "--input", "-"], input=b""), "only once")
@@ -385,3 +386,57 @@ def test_multi30k_subset_end_to_end(tmp_path: Path) -> None:
     for lang in ("en", "de"):
         unk_rate = meta["counts"]["test"]["unk"][lang] / meta["counts"]["test"]["tokens"][lang]
         assert unk_rate < 0.01, (lang, unk_rate)
+
+
+# --- BPE learning limits -------------------------------------------------------------------
+
+LONG_LINE = " ".join(["größe"] * 1000)  # over sentencepiece's default 4192 bytes; the only "ö" and "ß"
+
+
+def test_learn_bpe_and_preprocess_learn_from_long_lines(raw: Path, tmp_path: Path) -> None:
+    text = write(tmp_path / "long.txt", [LONG_LINE, LONG_LINE])
+    result = nmt("learn-bpe", "--input", text, "--vocab-size", 12, "--model-prefix", tmp_path / "m")
+    assert result.exit_code == 0 and "(12 pieces)" in result.stdout, result.output
+    for lang in ("en", "de"):
+        lines = (raw / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        write(raw / f"train.{lang}", lines[:5] + [LONG_LINE] + lines[5:])
+    result = nmt(*preprocess_args(raw, "data-bin", "--max-len", "100000"))
+    assert result.exit_code == 0, result.output
+    bpe = BpeModel(raw / "data-bin" / "bpe.model")
+    assert bpe.decode(bpe.encode("größe maße")) == "größe maße"  # its characters are pieces, not <unk>
+
+
+def needed_pieces(*paths: Path) -> int:
+    """The least BPE size for the text of `paths`: a piece per character, ▁ included, and <unk>, <s>, </s>."""
+    characters = set("".join(path.read_text(encoding="utf-8") for path in paths)) - {" ", "\n"}
+    return len(characters) + 1 + 3
+
+
+def test_bpe_sizes_that_cannot_work_name_the_flag_and_the_limit(raw: Path, tmp_path: Path) -> None:
+    text = write(tmp_path / "tok.txt", sentences(200, 4))
+    needed = needed_pieces(text)
+    learn = ("learn-bpe", "--input", text, "--model-prefix", tmp_path / "m")
+    assert_one_error(nmt(*learn, "--vocab-size", needed - 1),
+                     f"error: --vocab-size {needed - 1} is too small for the --input text: it needs at least {needed}, "
+                     f"a piece for each of its {needed - 3} distinct characters (▁, which starts each word, included) "
+                     "and 3 for <unk>, <s>, </s>")
+    assert nmt(*learn, "--vocab-size", needed).exit_code == 0
+    assert_one_error(nmt(*learn, "--vocab-size", 2), "error: --vocab-size 2 is too small: BPE needs at least 5 pieces")
+    assert_one_error(nmt(*learn, "--vocab-size", 100, "--sample", 50),
+                     "error: --sample must be 0 (all sentences) or at least 101 (sentencepiece's smallest sample; got 50)")
+
+    train = [raw / "train.en", raw / "train.de"]
+    joint = needed_pieces(*train)
+    assert_one_error(nmt(*preprocess_args(raw, bpe_size=str(joint - 1))),
+                     f"error: --bpe-size {joint - 1} is too small for the joint en-de training text: it needs at least {joint},")
+    (raw / "train.de").write_text((raw / "train.de").read_text(encoding="utf-8") + "Maße äöü ÄÖÜ éèêàçñ ŁŃŚŹŻ.\n",
+                                  encoding="utf-8")
+    (raw / "train.en").write_text((raw / "train.en").read_text(encoding="utf-8") + "Mase.\n", encoding="utf-8")
+    en, de = needed_pieces(raw / "train.en"), needed_pieces(raw / "train.de")
+    assert de > en  # a model of en's least size fits en, not de
+    assert_one_error(nmt(*preprocess_args(raw, "data-bin", "--separate-bpe", bpe_size=str(en))),
+                     f"error: --bpe-size {en} is too small for the de training text: it needs at least {de},")
+    for extra, message in ((("--bpe-sample", "100"), "error: --bpe-sample must be 0 (all sentences) or at least 101"),
+                           (("--bpe-size", "4"), "error: --bpe-size 4 is too small: BPE needs at least 5 pieces")):
+        assert_one_error(nmt(*preprocess_args(raw, "data-bin", *extra)), message)
+    assert not (raw / "data-bin").exists() and not [p for p in raw.iterdir() if p.name.startswith(".")]

@@ -323,6 +323,56 @@ def test_learn_bpe_reraises_the_error_of_its_input(tmp_path: Path) -> None:
     assert not (tmp_path / "m.model").exists()
 
 
+def pieces_of(model: Path) -> set[str]:
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    return {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
+
+
+def test_bpe_learns_from_lines_longer_than_sentencepieces_default(tmp_path: Path) -> None:
+    # sentencepiece skips lines over 4192 bytes unless told otherwise; "ß" and "ö" occur only in long ones.
+    long_line = " ".join(["größe"] * 1000)
+    assert len(long_line.encode()) > 4192
+    learn_bpe(iter(["a b c ab"] * 50 + [long_line] * 2), tmp_path / "mixed.model", vocab_size=20, sample_size=0, seed=1)
+    assert {"ß", "ö", "▁größe"} <= pieces_of(tmp_path / "mixed.model")
+    learn_bpe(iter([long_line] * 2), tmp_path / "long.model", vocab_size=12, sample_size=0, seed=1)  # not "no text"
+    assert {"ß", "ö"} <= pieces_of(tmp_path / "long.model")
+
+
+def test_a_line_longer_than_sentencepiece_takes_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its limit (1 GiB) made small: sentencepiece would skip the line without a word.
+    monkeypatch.setattr("nmt_cli.text.bpe.MAX_SENTENCE_BYTES", 100)
+    with pytest.raises(NmtError) as caught:
+        learn_bpe(iter(["a b"] * 20 + ["ü" * 60]), tmp_path / "m.model", vocab_size=8, sample_size=0, seed=1)
+    assert str(caught.value) == ("a line of this training text has 120 bytes, more than sentencepiece learns from "
+                                 "(100); split or drop it")
+    assert not (tmp_path / "m.model").exists()
+    learn_bpe(iter(["a b"] * 20 + ["ü" * 50]), tmp_path / "m.model", vocab_size=8, sample_size=0, seed=1)  # 100 bytes
+
+
+def test_bpe_sizes_no_text_can_take_are_named_by_their_flags(tmp_path: Path) -> None:
+    lines = ["ab ba", "abc"] * 10
+    # The least that works: a piece per character (a, b, c and ▁) and <unk>, <s>, </s>.
+    learn_bpe(iter(lines), tmp_path / "m.model", vocab_size=7, sample_size=0, seed=1)
+    assert len(pieces_of(tmp_path / "m.model")) == 7
+    with pytest.raises(NmtError) as caught:
+        learn_bpe(iter(lines), tmp_path / "m.model", vocab_size=6, sample_size=0, seed=1, size_flag="--bpe-size",
+                  text="the de training text")
+    assert str(caught.value) == ("--bpe-size 6 is too small for the de training text: it needs at least 7, a piece "
+                                 "for each of its 4 distinct characters (▁, which starts each word, included) and 3 "
+                                 "for <unk>, <s>, </s>")
+    for size in (4, 2, 0):  # fewer than any text needs
+        with pytest.raises(NmtError, match=f"^--vocab-size {size} is too small: BPE needs at least 5 pieces"):
+            learn_bpe(iter(lines), tmp_path / "m.model", vocab_size=size, sample_size=0, seed=1)
+    for sample in (-1, 1, 100):
+        with pytest.raises(NmtError, match=f"^--bpe-sample must be 0 \\(all sentences\\) or at least 101 .*got {sample}"):
+            learn_bpe(iter(lines), tmp_path / "m.model", 7, sample, 1, sample_flag="--bpe-sample")
+    learn_bpe(iter(lines), tmp_path / "m.model", vocab_size=7, sample_size=101, seed=1)
+    with pytest.raises(NmtError, match="^no text to learn BPE from: every line of this training text is empty or blank$"):
+        learn_bpe(iter(["  ", "▁ ▁"]), tmp_path / "m.model", vocab_size=20, sample_size=0, seed=1)
+
+
 # --- TextPipeline -------------------------------------------------------------------------
 
 

@@ -22,7 +22,8 @@ def learn_bpe(**params: Any) -> None:
     coverage, no normalization inside sentencepiece (so applying and undoing the
     model gives back the input, but for runs of spaces, which become one, and
     leading or trailing spaces), no byte fallback. Input is streamed
-    (read once, so - works); only the sample is held in memory.
+    (read once, so - works); only the sample is held in memory. Lines of
+    any length are learned from (up to sentencepiece's limit, 1 GiB).
     """
     import itertools
 
@@ -39,7 +40,8 @@ def learn_bpe(**params: Any) -> None:
     model_path = Path(f"{model_prefix}.model")
     refuse_overwriting_inputs(model_path, [("--input", name) for name in inputs], "--model-prefix")
     make_parent_directory(model_path)
-    learn(itertools.chain.from_iterable(sources), model_path, cfg.vocab_size, cfg.sample, cfg.seed)
+    learn(itertools.chain.from_iterable(sources), model_path, cfg.vocab_size, cfg.sample, cfg.seed,
+          text="the --input text")
     click.echo(f"wrote {model_path} ({BpeModel(model_path).size()} pieces)")
 
 

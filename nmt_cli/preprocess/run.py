@@ -39,6 +39,8 @@ from nmt_cli.text.reader import count_lines, read_lines
 from nmt_cli.text.tokenizer import TokenizerSettings
 
 FORMAT_VERSION = 1
+# How learn_bpe's errors name the sizes.
+BPE_FLAGS = {"size_flag": "--bpe-size", "sample_flag": "--bpe-sample"}
 
 
 @dataclass(frozen=True)
@@ -219,13 +221,15 @@ def prepare_bpe(
         reporter.log(f"learning joint BPE ({cfg.bpe_size} pieces, sample of at most {cfg.bpe_sample} sentences)")
         sentences = itertools.chain(read_lines(train_tok["src"]), read_lines(train_tok["tgt"]))
         model = out / "bpe.model"
-        learn_bpe(sentences, model, cfg.bpe_size, cfg.bpe_sample, cfg.bpe_seed)
+        learn_bpe(sentences, model, cfg.bpe_size, cfg.bpe_sample, cfg.bpe_seed, **BPE_FLAGS,
+                  text=f"the joint {cfg.source_lang}-{cfg.target_lang} training text")
         return {"type": "sentencepiece", "model": model.name}, {"src": model, "tgt": model}
     models = {}
     for side, lang in (("src", cfg.source_lang), ("tgt", cfg.target_lang)):
         reporter.log(f"learning BPE for {lang} ({cfg.bpe_size} pieces)")
         models[side] = out / f"bpe.{lang}.model"
-        learn_bpe(read_lines(train_tok[side]), models[side], cfg.bpe_size, cfg.bpe_sample, cfg.bpe_seed)
+        learn_bpe(read_lines(train_tok[side]), models[side], cfg.bpe_size, cfg.bpe_sample, cfg.bpe_seed, **BPE_FLAGS,
+                  text=f"the {lang} training text")
     return {"type": "sentencepiece", "model_src": models["src"].name, "model_tgt": models["tgt"].name}, models
 
 

@@ -24,6 +24,15 @@ from nmt_cli.staging import replace_atomically
 TRAIN_THREADS = 4
 # sentencepiece parses its sizes as C ints; a larger value fails inside it with a traceback.
 SENTENCEPIECE_MAX_INT = 2**31 - 1
+# The pieces of every model besides the text's (sentencepiece's defaults, no <pad>).
+SPECIAL_PIECES = ("<unk>", "<s>", "</s>")
+# The fewest pieces any text can be learned with: the special ones, ▁ (a word's start) and one character.
+MIN_VOCAB_SIZE = len(SPECIAL_PIECES) + 2
+# sentencepiece refuses to sample 1 to 100 sentences.
+MIN_SAMPLE = 101
+# The longest line sentencepiece learns from, in bytes: its upper bound for max_sentence_length.
+# Its default (4192) skips longer lines silently; the sample bounds how many lines it holds.
+MAX_SENTENCE_BYTES = 1 << 30
 
 
 def learn_bpe(
@@ -32,20 +41,23 @@ def learn_bpe(
     vocab_size: int,
     sample_size: int,
     seed: int,
+    *,
+    size_flag: str = "--vocab-size",
+    sample_flag: str = "--sample",
+    text: str = "this training text",
 ) -> None:
     """Learn a BPE model from `sentences` and write it to `model_path`.
 
-    At most `sample_size` sentences (a seeded random sample, <= 0: all) are kept in
+    At most `sample_size` sentences (a seeded random sample, 0: all) are kept in
     memory, so arbitrarily large corpora can be streamed through `sentences`.
-    The same sentences, size and seed give a byte-identical model file.
+    The same sentences, size and seed give a byte-identical model file. Errors name
+    the sizes by `size_flag` and `sample_flag`, and the sentences as `text`.
     """
-    if vocab_size < 2:
-        raise NmtError(f"BPE vocabulary size must be at least 2, got {vocab_size}")
-    check_sentencepiece_sizes(vocab_size, sample_size)
+    check_sentencepiece_sizes(vocab_size, sample_size, size_flag, sample_flag)
     spm.set_random_generator_seed(seed)
     # Serialized in memory: a model written by sentencepiece itself records its output path.
     model = io.BytesIO()
-    source = _RecordingIterator(sentences)
+    source = _RecordingIterator(sentences, text)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=source,
@@ -53,8 +65,9 @@ def learn_bpe(
             model_type="bpe",
             vocab_size=vocab_size,
             character_coverage=1.0,
-            input_sentence_size=max(sample_size, 0),
+            input_sentence_size=sample_size,
             shuffle_input_sentence=True,
+            max_sentence_length=MAX_SENTENCE_BYTES,
             normalization_rule_name="identity",
             byte_fallback=False,
             num_threads=TRAIN_THREADS,
@@ -63,35 +76,52 @@ def learn_bpe(
     except (RuntimeError, SystemError) as e:  # older sentencepiece releases raise SystemError
         if source.error is not None:  # our own error (a bad input line), not sentencepiece's
             raise source.error from None
-        if "[!sentences_.empty()]" in str(e):
-            raise NmtError("no text to learn BPE from: the input has no non-empty lines") from None
-        too_high = re.search(r"Vocabulary size too high \((\d+)\).*<= (\d+)", str(e))
-        if too_high:
-            raise NmtError(
-                f"BPE vocabulary size {too_high.group(1)} is too large for this training text "
-                f"(at most {too_high.group(2)}); use a smaller --bpe-size/--vocab-size"
-            ) from None
-        raise NmtError(f"sentencepiece could not learn a model: {e}") from None
+        raise NmtError(_sentencepiece_failure(str(e), vocab_size, size_flag, text)) from None
     _write_file(Path(model_path), model.getvalue())
 
 
-def check_sentencepiece_sizes(vocab_size: int, sample_size: int, flags: str = "--bpe-size/--vocab-size",
-                              sample_flag: str = "--bpe-sample/--sample") -> None:
-    """NmtError for a size beyond what sentencepiece can take."""
-    for flag, value in ((flags, vocab_size), (sample_flag, sample_size)):
+def _sentencepiece_failure(message: str, vocab_size: int, size_flag: str, text: str) -> str:
+    """The line for a failure of sentencepiece's training, in nmt's terms where its `message` is known."""
+    if "[!sentences_.empty()]" in message or "[(all_chars_count) > (0)]" in message:
+        return f"no text to learn BPE from: every line of {text} is empty or blank"
+    # sentencepiece's "N vs M": M counts one piece per character, ▁ included, and the special pieces.
+    too_small = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", message)
+    if too_small:
+        needed = int(too_small.group(1))
+        return (f"{size_flag} {vocab_size} is too small for {text}: it needs at least {needed}, a piece for each "
+                f"of its {needed - len(SPECIAL_PIECES)} distinct characters (▁, which starts each word, included) "
+                f"and {len(SPECIAL_PIECES)} for {', '.join(SPECIAL_PIECES)}")
+    too_high = re.search(r"Vocabulary size too high \(\d+\).*<= (\d+)", message)
+    if too_high:
+        return (f"{size_flag} {vocab_size} is too large for {text} (at most {too_high.group(1)}: "
+                "every piece BPE can make of it)")
+    return f"sentencepiece could not learn a model: {message}"
+
+
+def check_sentencepiece_sizes(vocab_size: int, sample_size: int, size_flag: str, sample_flag: str) -> None:
+    """NmtError for a BPE size or sample size (given as `size_flag`, `sample_flag`) that no text can be learned with."""
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise NmtError(f"{size_flag} {vocab_size} is too small: BPE needs at least {MIN_VOCAB_SIZE} pieces "
+                       f"({', '.join(SPECIAL_PIECES)}, ▁ for a word's start and one character)")
+    if sample_size < 0 or 0 < sample_size < MIN_SAMPLE:
+        raise NmtError(f"{sample_flag} must be 0 (all sentences) or at least {MIN_SAMPLE} "
+                       f"(sentencepiece's smallest sample; got {sample_size})")
+    for flag, value in ((size_flag, vocab_size), (sample_flag, sample_size)):
         if value > SENTENCEPIECE_MAX_INT:
             raise NmtError(f"{flag} must be at most {SENTENCEPIECE_MAX_INT} (sentencepiece's limit; got {value})")
 
 
 class _RecordingIterator:
-    """`sentences`, remembering the exception they raised (an `NmtError` for a bad line).
+    """`sentences`, remembering the exception they raised (an `NmtError` for a bad line), or
+    the NmtError for a line too long for sentencepiece, which would skip it silently.
 
     sentencepiece turns an exception of the iterator it consumes into a RuntimeError whose
     message holds a Python traceback; `learn_bpe` re-raises the original instead.
     """
 
-    def __init__(self, sentences: Iterable[str]) -> None:
+    def __init__(self, sentences: Iterable[str], text: str) -> None:
         self._sentences = iter(sentences)
+        self._text = text
         self.error: BaseException | None = None
 
     def __iter__(self) -> Iterator[str]:
@@ -99,12 +129,18 @@ class _RecordingIterator:
 
     def __next__(self) -> str:
         try:
-            return next(self._sentences)
+            line = next(self._sentences)
         except StopIteration:
             raise
         except BaseException as error:  # KeyboardInterrupt too: it must stay an interrupt
             self.error = error
             raise
+        # A character takes at most 4 bytes: only a line this long can exceed the limit.
+        if len(line) > MAX_SENTENCE_BYTES // 4 and len(line.encode("utf-8")) > MAX_SENTENCE_BYTES:
+            self.error = NmtError(f"a line of {self._text} has {len(line.encode('utf-8'))} bytes, more than "
+                                  f"sentencepiece learns from ({MAX_SENTENCE_BYTES}); split or drop it")
+            raise self.error
+        return line
 
 
 def _write_file(path: Path, data: bytes) -> None:
