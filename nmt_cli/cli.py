@@ -76,6 +76,12 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
+            os.getcwd()
+        except FileNotFoundError:  # every relative path would fail, each with a traceback of its own
+            click.echo("error: the current directory no longer exists (`nmt preprocess --destdir .`, say, "
+                       "replaces it with a new one): cd into it again", err=True)
+            sys.exit(1)
+        try:
             return super().invoke(ctx)
         except NmtError as error:
             click.echo(f"error: {error}", err=True)

@@ -70,6 +70,10 @@ def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callabl
     """`write(staging)` into a fresh hidden sibling of `dest`, then move it into place: a
     failed or killed run leaves the previous `dest` (or none), never a mix of old and new
     files. An OSError (a full disk, an unwritable parent) becomes NmtError(describe(error))."""
+    # The sibling is named after `dest`, so `.`, `..` and `sub/..` are first spelt with a name of
+    # their own (`..partial-PID` would land inside `dest`), and `../here` from inside `here` as
+    # a path that does not pass through `dest` (renamed away while publishing). A link stays a link.
+    dest = dest.resolve() if dest.name in ("", "..") else dest.parent.resolve() / dest.name
     try:
         staging = create_staging(dest)
     except OSError as error:
@@ -126,12 +130,16 @@ def create_staging(dest: Path) -> Path:
 
 
 def publish(staging: Path, dest: Path) -> None:
-    """Move the finished `staging` directory to `dest`, replacing what was there."""
+    """Move the finished `staging` directory to `dest` (absolute), replacing what was there."""
     old = None
+    # A process standing in `dest` (`--destdir .`) would be left in the deleted old directory.
+    stands_in_dest = dest.exists() and os.path.samestat(os.lstat(dest), os.stat("."))
     if dest.exists():
         old = dest.parent / f".{dest.name}{REPLACED}{os.getpid()}"
         os.rename(dest, old)
     os.rename(staging, dest)
+    if stands_in_dest:
+        os.chdir(dest)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

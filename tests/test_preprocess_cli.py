@@ -440,3 +440,65 @@ def test_bpe_sizes_that_cannot_work_name_the_flag_and_the_limit(raw: Path, tmp_p
                            (("--bpe-size", "4"), "error: --bpe-size 4 is too small: BPE needs at least 5 pieces")):
         assert_one_error(nmt(*preprocess_args(raw, "data-bin", *extra)), message)
     assert not (raw / "data-bin").exists() and not [p for p in raw.iterdir() if p.name.startswith(".")]
+
+
+# --- destinations spelt relatively ------------------------------------------------------------
+
+
+def hidden_entries(*directories: Path) -> list[Path]:
+    return [p for d in directories for p in d.iterdir() if p.name.startswith(".")]
+
+
+def test_destdir_may_be_the_current_directory_or_another_spelling_of_it(raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    here = raw / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+
+    def run(destdir: str, *extra: str):
+        args = preprocess_args(raw, "data-bin", *extra)
+        args[args.index("--destdir") + 1] = destdir
+        return nmt(*args)
+
+    result = run(".")
+    assert result.exit_code == 0, result.output
+    assert (here / "meta.json").is_file() and not hidden_entries(raw, here)
+    assert Path("meta.json").is_file()  # this process stands in the new directory, not in the deleted old one
+    assert "already up to date" in run(".").stdout
+    for destdir, size in (("./", "140"), ("../here", "130")):
+        result = run(destdir, "--force", "--bpe-size", size)
+        assert result.exit_code == 0, (destdir, result.output)
+        assert BpeModel(here / "bpe.model").size() == int(size)
+        assert not hidden_entries(raw, here)
+    (here / "sub").mkdir()
+    monkeypatch.chdir(raw)
+    result = run("here/sub/..", "--force", "--bpe-size", "120")
+    assert result.exit_code == 0, result.output
+    assert BpeModel(here / "bpe.model").size() == 120 and not (here / "sub").exists() and not hidden_entries(raw, here)
+
+
+def test_every_published_output_may_be_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # export, import-fairseq, import-marian and preprocess all publish through build_then_publish.
+    from nmt_cli.staging import build_then_publish
+
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for number, dest in enumerate((".", "sub/..", "../here", "./")):
+        (tmp_path / "here" / "sub").mkdir()
+
+        def write(staging: Path) -> str:
+            (staging / "out.txt").write_text(f"{number}\n")
+            return "written"
+
+        assert build_then_publish(Path(dest), write, str) == "written", dest
+        assert sorted(p.name for p in (tmp_path / "here").iterdir()) == ["out.txt"], dest
+        assert Path("out.txt").read_text() == f"{number}\n" and not hidden_entries(tmp_path), dest
+
+
+def test_a_deleted_current_directory_is_one_error_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()  # as a shell is left after another process replaced its directory
+    text = write(tmp_path / "tok.txt", sentences(200, 4))
+    assert_one_error(nmt("learn-bpe", "--input", text, "--vocab-size", 60, "--model-prefix", tmp_path / "m"),
+                     "error: the current directory no longer exists", "cd into it again")
