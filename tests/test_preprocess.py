@@ -213,6 +213,26 @@ def test_separate_bpe_and_plain_tokens(corpus: Path) -> None:
     assert dictionary.symbols[4:20] == [w for w, _ in sorted(words.items(), key=lambda wc: (-wc[1], wc[0]))][:16]
 
 
+def test_special_symbols_in_the_text_are_unk_and_no_dictionary_entries(corpus: Path) -> None:
+    # Already segmented text (taken as it is) holding the specials' spellings: as their ids, a </s>
+    # would end the sentence early, a <pad> be masked out as padding.
+    write_split(corpus / "seg", [("▁a </s> ▁b", "▁c <pad> ▁d <s>"), ("▁a <unk> ▁b", "▁c ▁d")] * 20)
+    cfg = config(corpus, trainpref=corpus / "seg", validpref=(), testpref=(), destdir=corpus / "seg-bin",
+                 joined_dictionary=False)
+    meta = run(cfg).meta
+    assert meta["segmented_input"] == "▁" and meta["counts"]["train"]["unk"] == {"en": 40, "de": 40}
+    for lang, words, lines in (("en", ["▁a", "▁b"], [["▁a", 3, "▁b"], ["▁a", 3, "▁b"]]),
+                               ("de", ["▁c", "▁d"], [["▁c", 3, "▁d", 3], ["▁c", "▁d"]])):
+        # fairseq-preprocess counts them into its specials, which dict.txt does not list: nor does nmt.
+        listed = [line.split()[0] for line in (corpus / "seg-bin" / f"dict.{lang}.txt").read_text().splitlines()]
+        assert [w for w in listed if not w.startswith("madeupword")] == words
+        dictionary = Dictionary.load(corpus / "seg-bin" / f"dict.{lang}.txt")
+        truth = [[dictionary.index[t] if isinstance(t, str) else t for t in line] + [EOS_ID] for line in lines]
+        dataset = IndexedDataset(corpus / "seg-bin" / f"train.en-de.{lang}")
+        assert [dataset[i].tolist() for i in range(len(dataset))] == truth * 20
+    assert Dictionary(["x"]).encode(["<s>", "<pad>", "</s>", "<unk>", "x", "y"]) == [UNK_ID] * 4 + [4, UNK_ID, EOS_ID]
+
+
 @pytest.mark.parametrize("offsets_chunk", [indexed.OFFSETS_CHUNK, 3])  # 3: offsets written out mid-way, often
 def test_offsets_survive_builder_merge(tmp_path: Path, monkeypatch, offsets_chunk: int) -> None:
     monkeypatch.setattr(indexed, "OFFSETS_CHUNK", offsets_chunk)

@@ -502,3 +502,12 @@ def test_a_deleted_current_directory_is_one_error_line(tmp_path: Path, monkeypat
     text = write(tmp_path / "tok.txt", sentences(200, 4))
     assert_one_error(nmt("learn-bpe", "--input", text, "--vocab-size", 60, "--model-prefix", tmp_path / "m"),
                      "error: the current directory no longer exists", "cd into it again")
+
+
+def test_binarize_takes_special_symbols_of_the_text_as_unk(tmp_path: Path) -> None:
+    text = write(tmp_path / "s.txt", ["▁the ▁tag </s> ▁ends <pad> ▁here <s>"])
+    write(tmp_path / "d.txt", ["▁the 1", "▁here 1"])
+    result = nmt("binarize", "--dict", tmp_path / "d.txt", "--input", text, "--output-prefix", tmp_path / "s")
+    assert result.exit_code == 0, result.output
+    assert IndexedDataset(tmp_path / "s")[0].tolist() == [4, 3, 3, 3, 3, 5, 3, 2]  # one </s>, at the end
+    assert "1 sentences, 8 tokens, 62.50% <unk>" in result.stdout

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from nmt_cli.checkpoints.format import save_checkpoint
 from nmt_cli.cli import main
 from nmt_cli.config import DecodeConfig
-from nmt_cli.data.dictionary import EOS_ID, PAD_ID, Dictionary
+from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Dictionary
 from nmt_cli.decode.ensemble import Ensemble
 from nmt_cli.decode.lines import InputLine, chunks, read_lines
 from nmt_cli.decode.search import generate
@@ -324,6 +324,28 @@ def test_input_formats_agree_and_jsonl_carries_nbest(run_dir, tmp_path):
                input="\n".join(lines) + "\n")
     assert text.exit_code == 0 and text.stdout == ""
     assert (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines() == [r["hyp"] for r in records]
+
+
+def test_special_symbols_in_a_source_line_are_unk(run_dir):
+    # As their ids, the `</s>` would end the source in mid-line and the `<pad>` be masked out as padding.
+    pipeline = TextPipeline.from_data_bin(run_dir, "en")
+    dictionary = Dictionary.load(run_dir / "dict.en.txt")
+    first, second = pipeline.encode("the dog runs"), pipeline.encode("a red ball")
+    pieces = [*first, "</s>", *second, "<pad>", "<s>", "<unk>"]
+
+    def ids_line(special_ids: dict[str, int]) -> str:
+        return " ".join(str(special_ids[p] if p in special_ids else dictionary.index[p]) for p in pieces)
+
+    as_unk = ids_line({"</s>": UNK_ID, "<pad>": UNK_ID, "<s>": UNK_ID})
+    as_specials = ids_line({"</s>": EOS_ID, "<pad>": PAD_ID, "<s>": BOS_ID})
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    outputs = {}
+    for name, fmt, line in (("bpe", "bpe", " ".join(pieces)), ("unk", "ids", as_unk), ("specials", "ids", as_specials)):
+        result = nmt("--path", ckpt, *FAST, "--input-format", fmt, "--output-format", "jsonl", input=line + "\n")
+        assert result.exit_code == 0, result.stderr
+        outputs[name] = json.loads(result.stdout)
+    assert outputs["bpe"] == outputs["unk"]
+    assert outputs["specials"]["score"] != outputs["unk"]["score"]  # the test tells the two readings apart
 
 
 def test_ensemble_path_with_itself_equals_single_model(run_dir):

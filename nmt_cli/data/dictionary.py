@@ -18,6 +18,8 @@ from nmt_cli.errors import NmtError, where
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIALS = (BOS, PAD, EOS, UNK)
+# Specials that text must not produce: their ids start, pad and end sentences.
+CONTROL_SYMBOLS = frozenset({BOS, PAD, EOS})
 OVERWRITE_FLAG = "#fairseq:overwrite"
 
 
@@ -99,8 +101,12 @@ class Dictionary:
         return self.index[symbol]
 
     def encode(self, tokens: Iterable[str], append_eos: bool = True) -> list[int]:
-        """Tokens -> ids (unknown tokens -> `<unk>`), with `</s>` appended."""
-        ids = [self.index.get(t, UNK_ID) for t in tokens]
+        """Tokens -> ids (unknown tokens -> `<unk>`), with `</s>` appended.
+
+        A token `<s>`, `<pad>` or `</s>` of the text is `<unk>` too: as its special id it
+        would end the sentence there (`</s>`) or be masked out as padding (`<pad>`).
+        """
+        ids = [UNK_ID if t in CONTROL_SYMBOLS else self.index.get(t, UNK_ID) for t in tokens]
         if append_eos:
             ids.append(EOS_ID)
         return ids
