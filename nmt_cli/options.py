@@ -168,7 +168,8 @@ def _path_type() -> type:
 
 
 def config_from_params(config_class: type, params: dict[str, Any], **resolved: Any) -> Any:
-    """Build `config_class` from click's parsed `params` (keyed by field name).
+    """Build `config_class` from click's parsed `params` (keyed by field name), inside the
+    running command's click context.
 
     `resolved` gives the values of fields the command works out itself (e.g. a default that
     depends on the machine); the others come from their flags, through `Flag.to_value`.
@@ -183,19 +184,18 @@ def config_from_params(config_class: type, params: dict[str, Any], **resolved: A
         elif flag_of(field) is not None:
             flag, value = flag_of(field), params[field.name]
             values[field.name] = flag.to_value(value) if flag.to_value is not None else value
-    defaults = {f.name: _field_default(f) for f in dataclasses.fields(config_class)}
-    # A resolved value stands for "not given" only where its flag was absent: a flag the
-    # user gave still contradicts an alias given beside it.
-    defaults.update({name: resolved[name] for name in resolved if name in defaults and params.get(name) is None})
-    return config_class(**apply_aliases(config_class, params, values, defaults))
+    return config_class(**apply_aliases(config_class, params, values, given_params()))
 
 
-def _field_default(field: dataclasses.Field) -> Any:
-    """The value a field gets when its flag is absent (a resolved one: None, "not given")."""
-    flag = flag_of(field)
-    if flag is not None and flag.cli_default is None:
-        return None
-    return field.default
+def given_params() -> frozenset[str]:
+    """The parameters the running click command was given, on its command line or by an
+    environment variable: one given its default value is given all the same."""
+    import click
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return frozenset(name for name in ctx.params
+                     if ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT))
 
 
 def overrides_from(config_class: type, params: dict[str, Any]) -> dict[str, Any]:
@@ -203,7 +203,7 @@ def overrides_from(config_class: type, params: dict[str, Any]) -> dict[str, Any]
     `click_options(config_class, overrides=True)`."""
     given = {field.name: params[field.name] for field, _ in flag_fields(config_class)
              if params.get(field.name) is not None}
-    return apply_aliases(config_class, params, given, defaults={})
+    return apply_aliases(config_class, params, given, given_params())
 
 
 # --- other programs' flags (fairseq's) -------------------------------------------------
@@ -350,12 +350,12 @@ def refused_option_class() -> type:
 
 
 def apply_aliases(config_class: type, params: dict[str, Any], values: dict[str, Any],
-                  defaults: dict[str, Any]) -> dict[str, Any]:
+                  given: frozenset[str]) -> dict[str, Any]:
     """`values` (fields of `config_class`) with the settings of the aliases given in `params`.
 
     An alias may not contradict a flag given beside it (`--fp16 --precision bf16`): a field
-    already holding something other than its default and the alias's value is an error.
-    `defaults`: what "not given" is for each field.
+    whose flag is in `given` with another value than the alias's is an error, whatever the
+    value (`--fp16 --precision fp32` too).
     """
     from nmt_cli.errors import NmtError
 
@@ -368,10 +368,10 @@ def apply_aliases(config_class: type, params: dict[str, Any], values: dict[str, 
             names = ", ".join(f"--{name.replace('_', '-')}" for name in settings)
             raise NmtError(f"{alias.decl} needs {partner.decl} too: nmt has one setting for both ({names})")
         for name, value in (settings or {}).items():
-            current = values.get(name, defaults.get(name))
+            current = values.get(name)
             if name in set_by and current != value:
                 raise NmtError(f"{alias.shown_name} and {set_by[name]} ask for different --{name.replace('_', '-')}")
-            if current != defaults.get(name) and current != value and name not in set_by:
+            if name in given and current != value and name not in set_by:
                 raise NmtError(f"{alias.shown_name} means --{name.replace('_', '-')} {_shown(value)}, "
                                f"but --{name.replace('_', '-')} {_shown(current)} is given too")
             values[name], set_by[name] = value, alias.shown_name

@@ -17,6 +17,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from cli_utils import config_of
 from click.testing import CliRunner
 from fairseq_commands import run_fairseq_commands
 
@@ -277,15 +278,15 @@ def test_wmt14_preprocess_and_big_training_commands_run(tmp_path: Path, monkeypa
 
 
 def test_wmt14_en_fr_training_flags_reach_nmts_settings() -> None:
+    from nmt_cli.commands.model_options import overrides_from
+
     args = nmt_args(WMT14_EN_FR_TRAIN) + ["--save-dir", "run"]
-    params = main.get_command(None, "train").make_context("train", args[1:]).params
-    cfg = config_from_params(TrainConfig, params)
+    with main.get_command(None, "train").make_context("train", args[1:]) as ctx:  # overrides_from needs it too
+        cfg = config_from_params(TrainConfig, ctx.params)
+        assert overrides_from(ctx.params) == {"normalize_before": True}
     assert cfg.arch == "transformer_wmt_en_de" and cfg.max_time == 3600.0 and cfg.device == "cpu"
     assert cfg.no_epoch_checkpoints and cfg.save_interval_updates == 1 and cfg.keep_interval_updates == 2
     assert (cfg.max_epoch, cfg.patience, cfg.seed, cfg.log_interval) == (5, 3, 2, 1)
-    from nmt_cli.commands.model_options import overrides_from
-
-    assert overrides_from(params) == {"normalize_before": True}
 
 
 def test_wmt14_en_fr_training_runs_without_epoch_checkpoints(iwslt: Path, tmp_path: Path) -> None:
@@ -308,8 +309,7 @@ def test_average_takes_fairseqs_average_checkpoints_flags() -> None:
 
 
 def train_config(*flags: str) -> TrainConfig:
-    params = main.get_command(None, "train").make_context("train", ["data", "--save-dir", "run", *flags]).params
-    return config_from_params(TrainConfig, params)
+    return config_of("train", ["data", "--save-dir", "run", *flags], TrainConfig)
 
 
 @pytest.mark.parametrize("flags, settings", [
@@ -322,6 +322,7 @@ def train_config(*flags: str) -> TrainConfig:
     (["--criterion", "label_smoothed_cross_entropy"], {"label_smoothing": 0.1}),
     (["--optimizer", "adam", "--ddp-backend", "legacy_ddp", "--log-format", "tqdm"], {}),
     (["--fp16", "--precision", "fp16"], {"precision": "fp16"}),  # saying the same twice is fine
+    (["--criterion", "cross_entropy", "--label-smoothing", "0"], {"label_smoothing": 0.0}),
 ])
 def test_fairseq_flags_set_nmts_settings(flags: list[str], settings: dict) -> None:
     cfg = train_config(*flags)
@@ -336,10 +337,22 @@ def test_fairseq_flags_set_nmts_settings(flags: list[str], settings: dict) -> No
     (["--fp16", "--precision", "bf16"], "--fp16 means --precision fp16, but --precision bf16 is given too"),
     (["--fp16", "--bf16"], "--bf16 and --fp16 ask for different --precision"),
     (["--criterion", "cross_entropy", "--label-smoothing", "0.2"], "--criterion means --label-smoothing 0.0"),
+    # A flag given is given, also with nmt's default value.
+    (["--criterion", "cross_entropy", "--label-smoothing", "0.1"],
+     "--criterion means --label-smoothing 0.0, but --label-smoothing 0.1 is given too"),
+    (["--fp16", "--precision", "fp32"], "--fp16 means --precision fp16, but --precision fp32 is given too"),
+    (["--stop-time-hours", "1", "--max-time", "0"], "--stop-time-hours means --max-time 3600.0, but --max-time 0"),
 ])
 def test_a_fairseq_flag_contradicting_another_is_an_error(flags: list[str], message: str) -> None:
     with pytest.raises(NmtError, match=message):
         train_config(*flags)
+
+
+def test_a_flag_given_by_its_default_value_still_contradicts_a_fairseq_flag(tmp_path: Path) -> None:
+    result = nmt(["train", tmp_path, "--save-dir", tmp_path / "run", "--fp16", "--precision", "fp32"])
+    assert result.exit_code == 1
+    assert result.stderr.strip() == "error: --fp16 means --precision fp16, but --precision fp32 is given too"
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("args, line", [
@@ -381,8 +394,7 @@ def test_one_of_fairseqs_two_normalize_before_flags_alone_is_an_error(tmp_path: 
 
 def test_translate_aliases_reach_the_config() -> None:
     args = ["--path", "a.pt", "data-bin", "--cpu", "--max-sentences", "8", "--remove-bpe", "--beam", "5"]
-    params = main.get_command(None, "translate").make_context("translate", args).params
-    cfg = config_from_params(TranslateConfig, params, buffer_size=1, device="cuda")
+    cfg = config_of("translate", args, TranslateConfig, buffer_size=1, device="cuda")
     assert (cfg.data_bin, cfg.device, cfg.batch_size, cfg.remove_bpe, cfg.decode.beam) == ("data-bin", "cpu", 8, "@@ ", 5)
     params = main.get_command(None, "translate").make_context("translate", ["--path", "a.pt", "--remove-bpe",
                                                                             "sentencepiece", "--fp16"]).params
@@ -393,9 +405,8 @@ def test_a_device_given_contradicts_cpu_in_translate_as_in_train() -> None:
     # translate resolves the device (cuda when there is one) when --device is absent; a
     # --device given is the user's, and --cpu beside it is a contradiction, not a default.
     args = ["--path", "a.pt", "--device", "cuda:1", "--cpu"]
-    params = main.get_command(None, "translate").make_context("translate", args).params
     with pytest.raises(NmtError, match="--cpu means --device cpu, but --device cuda:1 is given too"):
-        config_from_params(TranslateConfig, params, buffer_size=1, device=params["device"])
+        config_of("translate", args, TranslateConfig, buffer_size=1, device="cuda:1")
 
 
 def test_segmentation_is_found_and_plain_text_is_not(tmp_path: Path) -> None:

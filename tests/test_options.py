@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import click
-from click.testing import CliRunner
 import pytest
+from cli_utils import config_of
+from click.testing import CliRunner
 
 from nmt_cli.cli import main
 from nmt_cli.commands.translate import Streams
@@ -30,7 +31,7 @@ from nmt_cli.config import (
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.fairseq.importer import ImportConfig
 from nmt_cli.interop.marian.importer import MarianImportConfig
-from nmt_cli.options import SAME, aliases_of, config_from_params, flag_fields
+from nmt_cli.options import SAME, aliases_of, flag_fields
 
 # command -> (configs its options come from, ModelConfig overrides or not, the required
 # arguments of a minimal command line, parameters of the command's own that no config holds)
@@ -111,9 +112,9 @@ def test_model_options_default_to_the_preset(name: str) -> None:
 
 
 def test_train_flags_reach_the_config() -> None:
-    params = parsed("train", ["data-bin", "--save-dir", "run", "--max-sentences", "64", "--wd", "0.01",
-                              "--adam-betas", "0.9 0.997", "--max-time", "1h30m", "--compile", "-a", "transformer_tiny"])
-    cfg = config_from_params(TrainConfig, params)
+    cfg = config_of("train", ["data-bin", "--save-dir", "run", "--max-sentences", "64", "--wd", "0.01",
+                              "--adam-betas", "0.9 0.997", "--max-time", "1h30m", "--compile", "-a", "transformer_tiny"],
+                    TrainConfig)
     assert (cfg.data, cfg.save_dir, cfg.arch) == ("data-bin", "run", "transformer_tiny")
     assert (cfg.batch_size, cfg.weight_decay, cfg.adam_betas) == (64, 0.01, (0.9, 0.997))
     assert cfg.max_time == 5400.0 and cfg.compile is True
@@ -123,9 +124,8 @@ def test_train_flags_reach_the_config() -> None:
 
 
 def test_translate_flags_reach_the_nested_decode_config() -> None:
-    params = parsed("translate", ["--path", "a.pt:b.pt", "--beam", "4", "--lenpen", "0.6", "--lenpen-style", "gnmt",
-                                  "--no-cuda-graphs", "-q"])
-    cfg = config_from_params(TranslateConfig, params, buffer_size=7, device="cpu")
+    cfg = config_of("translate", ["--path", "a.pt:b.pt", "--beam", "4", "--lenpen", "0.6", "--lenpen-style", "gnmt",
+                                  "--no-cuda-graphs", "-q"], TranslateConfig, buffer_size=7, device="cpu")
     assert cfg.checkpoints == ("a.pt", "b.pt") and cfg.buffer_size == 7 and cfg.quiet and cfg.cuda_graphs is False
     assert cfg.decode == DecodeConfig(beam=4, lenpen=0.6, lenpen_style="gnmt")
 
