@@ -1191,9 +1191,11 @@ class TrainConfig:
         "--lr-scheduler", default="inverse_sqrt", choices=LR_SCHEDULERS,
         help="inverse_sqrt: linear warm-up to --lr, then lr*sqrt(warmup/step) (fairseq). "
              "noam: lr * d_model^-0.5 * min(step^-0.5, step*warmup^-1.5) (the paper). fixed: constant --lr "
-             "(fairseq's default scheduler).")
+             "(fairseq's default scheduler), after a linear warm-up (update k: lr*k/warmup) only where "
+             "--warmup-updates is given, as fairseq's.")
     warmup_updates: int = option("--warmup-updates", default=4000, type=int,
-                                 help="Warm-up updates of the schedule (fairseq's default: 4000 for inverse_sqrt).")
+                                 help="Warm-up updates of the schedule; fixed: 0 unless given (fairseq's defaults: "
+                                      "4000 for inverse_sqrt, 0 for fixed).")
     warmup_init_lr: float = option("--warmup-init-lr", default=0.0, type=float,
                                    help="Learning rate at the start of inverse_sqrt warm-up.")
     adam_betas: tuple[float, float] = option(

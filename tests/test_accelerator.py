@@ -180,7 +180,7 @@ def data_bin(tmp_path_factory) -> Path:
 
 
 def make_engine(data_bin: Path, device: str, precision: str = "fp32", update_freq: int = 1):
-    cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", lr=1e-2,
+    cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", lr=1e-2, warmup_updates=0,
                       lr_scheduler="fixed", label_smoothing=0.1, precision=precision, update_freq=update_freq)
     model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})  # no dropout: no device RNG involved
     data = load_data_bin(data_bin)

@@ -195,6 +195,21 @@ def test_noam_schedule() -> None:
     assert values.index(max(values)) == 3
 
 
+def fairseqs_fixed_lr(num_updates: int, lr: float, warmup_updates: int) -> float:
+    """fairseq's FixedLRSchedule.step_update(num_updates): the rate it sets after that many
+    updates, for the next one."""
+    if warmup_updates > 0 and num_updates < warmup_updates:
+        return (num_updates + 1) / float(warmup_updates) * lr
+    return lr
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 4, 7])
+def test_fixed_schedule_warms_up_as_fairseqs(warmup: int) -> None:
+    schedule = LrSchedule("fixed", lr=3e-4, warmup_updates=warmup)
+    for done in range(12):  # update done + 1 is made with the rate set after `done` updates
+        assert schedule.lr_at(done + 1) == pytest.approx(fairseqs_fixed_lr(done, 3e-4, warmup), rel=1e-12), done
+
+
 def test_schedule_validation() -> None:
     with pytest.raises(NmtError, match="--warmup-updates"):
         LrSchedule("inverse_sqrt", lr=1e-3, warmup_updates=0)

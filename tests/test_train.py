@@ -100,7 +100,7 @@ def make_engine(data_bin: Path, update_freq: int, precision: str = "fp32", compi
     # adam_eps 1e-6: with 1e-9, Adam turns rounding noise in gradients that are zero in
     # exact arithmetic (attention key biases) into full-size steps, which no tolerance absorbs.
     cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", update_freq=update_freq,
-                      lr=1e-2, lr_scheduler="fixed", label_smoothing=0.1, adam_eps=1e-6,
+                      lr=1e-2, lr_scheduler="fixed", warmup_updates=0, label_smoothing=0.1, adam_eps=1e-6,
                       precision=precision, compile=compiled)
     model_cfg = resolve_config("transformer_tiny", {"dropout": 0.0})
     data = load_data_bin(data_bin)
@@ -390,6 +390,23 @@ def test_master_weights_keep_tied_parameters_tied() -> None:
     for p, q in zip(model.parameters(), expected.parameters()):
         assert torch.equal(p.grad, 2 * q.grad.float())
     assert not master.working_grads.any()
+
+
+@pytest.mark.parametrize("warmup, expected", [
+    ([], [3e-3, 3e-3, 3e-3]),  # fixed warms up only where --warmup-updates is given, as fairseq's
+    (["--warmup-updates", "2"], [1.5e-3, 3e-3, 3e-3]),
+    (["--warmup-updates", "4000"], [3e-3 / 4000, 6e-3 / 4000, 9e-3 / 4000]),  # nmt's default value, given
+])
+def test_fixed_schedule_warms_up_only_over_warmup_updates_given(tmp_path: Path, data_bin: Path, warmup: list[str],
+                                                               expected: list[float]) -> None:
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, "--arch", "transformer_tiny", "--max-tokens", "256",
+                      "--lr-scheduler", "fixed", "--lr", "3e-3", *warmup, "--log-interval", "1", "--max-update", "3",
+                      "--disable-validation"])
+    assert result.exit_code == 0, result.output
+    assert [r["lr"] for r in records(run, "train")] == pytest.approx(expected, rel=1e-12)
+    config = json.loads((run / "config.json").read_text())
+    assert config["train"]["warmup_updates"] == (int(warmup[1]) if warmup else 0)
 
 
 def test_finetune_from_and_reset_optimizer(tmp_path: Path, data_bin: Path) -> None:

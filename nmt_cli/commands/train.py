@@ -6,7 +6,7 @@ import click
 
 from nmt_cli.commands.model_options import model_options, overrides_from
 from nmt_cli.config import TrainConfig
-from nmt_cli.options import click_options, config_from_params
+from nmt_cli.options import click_options, config_from_params, given_params
 
 
 @click.command(context_settings={"show_default": True})
@@ -27,7 +27,10 @@ def train(**params) -> None:
     from nmt_cli.models.registry import resolve_config
     from nmt_cli.train.trainer import train as run_training
 
-    cfg = config_from_params(TrainConfig, params)
+    # fixed warms up only over a --warmup-updates given, as fairseq's (its default there is 0;
+    # nmt's 4000 is that of inverse_sqrt and noam).
+    fixed_default = params["lr_scheduler"] == "fixed" and "warmup_updates" not in given_params()
+    cfg = config_from_params(TrainConfig, params, **({"warmup_updates": 0} if fixed_default else {}))
     model_cfg = resolve_config(cfg.arch, overrides_from(params))
     result = run_training(cfg, model_cfg)
     best = f"{result.best_metric:.3f}" if result.best_metric is not None else "n/a"

@@ -9,7 +9,8 @@ inverse square-root schedule are offered:
   `lr * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`; with `--lr 1` and
   d_model 512, warm-up 4000 it peaks at about 7e-4.
 
-`fixed` keeps `--lr` throughout.
+`fixed` (fairseq's) keeps `--lr`; with `--warmup-updates N` > 0 it rises to it linearly
+first: update `step` uses `lr * min(1, step / N)`, the rate fairseq sets for it.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class LrSchedule:
             return inverse_sqrt_lr(step, self.lr, self.warmup_updates, self.warmup_init_lr)
         if self.name == "noam":
             return noam_lr(step, self.d_model, self.warmup_updates, self.lr)
+        if self.warmup_updates > 0:  # fixed with warm-up: fairseq's (num_updates + 1) / warmup_updates
+            return self.lr * min(1.0, step / self.warmup_updates)
         return self.lr
 
 
