@@ -197,6 +197,27 @@ def test_malicious_pickle_is_refused_and_does_not_run(tmp_path: Path, container:
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("module, name", [("argparse", "Namespace"), ("omegaconf.dictconfig", "DictConfig")])
+def test_a_fairseq_checkpoint_is_named_with_the_command_converting_it(tmp_path: Path, monkeypatch, module: str,
+                                                                      name: str) -> None:
+    """fairseq's checkpoints hold their arguments (argparse.Namespace, fairseq < 0.10) or an
+    omegaconf configuration (later) beside the weights."""
+    import sys
+    import types
+
+    if module not in sys.modules:  # omegaconf need not be installed: a stand-in the pickle names alike
+        monkeypatch.setitem(sys.modules, "omegaconf", types.ModuleType("omegaconf"))
+        monkeypatch.setitem(sys.modules, module, types.ModuleType(module))
+        monkeypatch.setattr(sys.modules[module], name, type(name, (dict,), {"__module__": module}), raising=False)
+    config = getattr(sys.modules[module], name)()
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"args" if module == "argparse" else "cfg": config, "model": {"w": torch.zeros(1)}}, path)
+    with pytest.raises(NmtError) as info:
+        load_checkpoint(path)
+    assert_one_line(info.value, f"not a readable nmt checkpoint: {path} (it looks like a fairseq checkpoint: "
+                                f"convert it with `nmt import-fairseq {path} --dict-dir DIR --out RUN`")
+
+
 VALID_PARTS = {"format_version": FORMAT_VERSION, "model_config": ARCHITECTURES["transformer_tiny"].to_dict(),
                "model": {}, "src_dict": ["<s>"], "tgt_dict": ["<s>"]}
 

@@ -302,6 +302,27 @@ def test_wmt14_en_fr_training_runs_without_epoch_checkpoints(iwslt: Path, tmp_pa
     assert lines and all(isinstance(json.loads(line), dict) for line in lines)
 
 
+def test_a_fairseq_checkpoint_given_to_train_names_the_conversion_that_works(iwslt: Path, tmp_path: Path) -> None:
+    data = iwslt / "data-bin" / "iwslt14.tokenized.de-en"
+    fairseq_model = tmp_path / "fairseq"
+    assert nmt(["export", "--format", "fairseq", iwslt / "checkpoints" / "checkpoint_last.pt", fairseq_model]).exit_code == 0
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    checkpoint = resumed / "checkpoint_last.pt"
+    (fairseq_model / "checkpoint.pt").rename(checkpoint)  # a fairseq run's --save-dir
+    for flags in (["--save-dir", resumed], ["--save-dir", tmp_path / "tuned", "--finetune-from-model", checkpoint]):
+        result = nmt(["train", data, *flags, *TINY_MODEL])
+        assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1, result.stderr
+        advice = re.search(r"`nmt (import-fairseq .*)`", result.stderr)
+        assert advice and f"import-fairseq {checkpoint} " in result.stderr, result.stderr
+    # The command it gives converts the checkpoint into one that nmt trains from.
+    command = advice.group(1).replace("DIR", str(fairseq_model)).replace("RUN", str(tmp_path / "converted"))
+    assert nmt(shlex.split(command)).exit_code == 0
+    result = nmt(["train", data, "--save-dir", tmp_path / "tuned", *TINY_MODEL, "--arch", "transformer_iwslt_de_en",
+                  "--share-decoder-input-output-embed", "--finetune-from-model", tmp_path / "converted" / "checkpoint.pt"])
+    assert result.exit_code == 0 and "fine-tuning from the weights of" in result.stderr, result.output
+
+
 def test_average_takes_fairseqs_average_checkpoints_flags() -> None:
     params = main.get_command(None, "average").make_context("average", nmt_args(WMT14_AVERAGE)[1:]).params
     assert params["inputs"] == ("/path/to/checkpoints",) and params["num_epoch_checkpoints"] == 10

@@ -95,15 +95,23 @@ def _save(state: dict[str, Any], tmp: Path) -> None:
         torch.save(state, f)
 
 
+# The objects a fairseq checkpoint holds besides tensors: its arguments (fairseq < 0.10) or
+# its omegaconf configuration (later).
+FAIRSEQ_OBJECTS = ("argparse.Namespace", "omegaconf.", "fairseq.")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _load_failure_reason(error: Exception) -> str:
-    """A short reason for torch.load's (long, multi-line) complaints."""
+def _load_failure_reason(error: Exception, path: Path) -> str:
+    """A short reason for torch.load's (long, multi-line) complaints about the file `path`."""
     message = str(error)
     found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", message)
+    if found and found.group(1).startswith(FAIRSEQ_OBJECTS):
+        return (f"it looks like a fairseq checkpoint: convert it with `nmt import-fairseq {path} --dict-dir DIR "
+                "--out RUN`, DIR holding its dict.SRC.txt and dict.TGT.txt, and use RUN/checkpoint.pt")
     if found:
         return (f"it holds a Python object ({found.group(1)}) besides tensors and plain values; "
                 "refused, as loading it could run code")
@@ -137,7 +145,7 @@ def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | t
             warnings.filterwarnings("ignore", message="Detected pickle protocol")  # noise before the refusal
             state = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - any failure here means "not a readable checkpoint"
-        raise NmtError(f"not a readable nmt checkpoint: {path} ({_load_failure_reason(error)})") from None
+        raise NmtError(f"not a readable nmt checkpoint: {path} ({_load_failure_reason(error, path)})") from None
     if not isinstance(state, dict) or "format_version" not in state:
         raise NmtError(f"not an nmt checkpoint (no format_version): {path}")
     if state["format_version"] != FORMAT_VERSION:
