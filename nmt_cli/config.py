@@ -238,6 +238,14 @@ def _has_type(value: Any, expected: type) -> bool:
     return isinstance(value, expected)
 
 
+# fairseq's flags of its train, generate and interactive commands that nmt has no setting for.
+FAIRSEQ_COMMON_ALIASES: tuple[Alias, ...] = (
+    refused_alias("--user-dir", "nmt has no plugins: its models, losses and search are built in", type=str),
+    choice_alias("--task", {"translation": {}}, "nmt does translation only (fairseq's translation task)",
+                 help="fairseq's; only translation, nmt's one task."),
+)
+
+
 # --- decoding (search and translate) -------------------------------------------------
 
 LENPEN_STYLES = ("fairseq", "gnmt")
@@ -452,6 +460,9 @@ class TranslateConfig:
         Alias("data", "", lambda path: {"data_bin": path}, type=str, metavar="[DATA_DIR]", argument=True),
         switch_alias("--cpu", {"device": "cpu"}, help="fairseq's: --device cpu."),
         switch_alias("--fp16", {"precision": "fp16"}, help="fairseq's: --precision fp16."),
+        value_alias("--sentencepiece-model", str, lambda path: {"bpe_codes": path}, metavar="FILE",
+                    help="fairseq's: --bpe-codes (a sentencepiece model, checked against the model's)."),
+        *FAIRSEQ_COMMON_ALIASES,
     )
 
     checkpoints: tuple[str, ...] = ensemble_paths_option(
@@ -577,6 +588,11 @@ GENERATE_MAX_TOKENS = 12000
 class GenerateConfig:
     """What `nmt generate` decodes (a data-bin's split) and how it prints it: fairseq-generate's
     flags and output; search is in `decode`."""
+
+    ALIASES: ClassVar[tuple[Alias, ...]] = (
+        refused_alias("--sacrebleu", "nmt's (and fairseq-generate's) way to score with sacreBLEU is --scoring sacrebleu"),
+        *FAIRSEQ_COMMON_ALIASES,
+    )
 
     data: str = option(argument=True, path="dir", metavar="DATA_BIN")
     checkpoints: tuple[str, ...] = ensemble_paths_option(
@@ -1109,6 +1125,10 @@ def _restore_file(name: str) -> dict[str, Any] | Refused:
                    "weights use --finetune-from-model (fresh optimizer), or copy it to SAVE_DIR/checkpoint_last.pt")
 
 
+# What nmt offers instead of fairseq-train's --reset-* flags.
+FRESH_START = ("--reset-optimizer resets only Adam's state; to train from a checkpoint's weights with all else fresh, "
+               "use --finetune-from-model FILE and a new --save-dir")
+
 # fairseq-train's flags for nmt's settings, or refused with what nmt does instead
 # (the README's "Coming from fairseq" table lists them all).
 TRAIN_FAIRSEQ_ALIASES: tuple[Alias, ...] = (
@@ -1141,6 +1161,14 @@ TRAIN_FAIRSEQ_ALIASES: tuple[Alias, ...] = (
                     help="fairseq's; no effect: nmt reads memory-mapped data in the training process."),
     no_effect_alias("--no-progress-bar", help="fairseq's; no effect: nmt shows progress only on a terminal."),
     refused_alias("--force-anneal", "nmt's schedulers (inverse_sqrt, noam, fixed) have no forced annealing", type=str),
+    refused_alias("--reset-lr-scheduler", "nmt's schedule keeps no state: the rate follows the update count that "
+                                          f"resuming from checkpoint_last.pt restores; {FRESH_START}"),
+    refused_alias("--reset-dataloader", f"resuming from checkpoint_last.pt continues at the batch it saved; {FRESH_START}"),
+    refused_alias("--reset-meters", "resuming from checkpoint_last.pt continues its log window, best metric and "
+                                    f"patience; {FRESH_START}"),
+    refused_alias("--no-save", "nmt always writes checkpoint_last.pt to --save-dir (resuming needs it); "
+                               "--no-epoch-checkpoints writes only it and checkpoint_best.pt at epoch ends"),
+    *FAIRSEQ_COMMON_ALIASES,
 )
 
 

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from fairseq_commands import run_fairseq_commands
 
 from nmt_cli.cli import main
-from nmt_cli.config import TrainConfig, TranslateConfig
+from nmt_cli.config import GenerateConfig, TrainConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.options import config_from_params
 from nmt_cli.preprocess.segmented import SENTENCEPIECE, SUBWORD_NMT, find_segmentation
@@ -329,6 +329,10 @@ def test_average_takes_fairseqs_average_checkpoints_flags() -> None:
     assert params["output"] == "checkpoint.avg10.pt"
 
 
+# What translate works out itself when its flags are absent (the terminal, the machine).
+DECODING_RESOLVED = {"generate": {}, "translate": {"buffer_size": 1, "device": "cpu"}}
+
+
 def train_config(*flags: str) -> TrainConfig:
     return config_of("train", ["data", "--save-dir", "run", *flags], TrainConfig)
 
@@ -383,12 +387,47 @@ def test_a_flag_given_by_its_default_value_still_contradicts_a_fairseq_flag(tmp_
     (["--arch", "lstm"], "error: --arch lstm: an LSTM; nmt builds encoder-decoder Transformers only"),
     (["--restore-file", "other.pt"], "error: --restore-file other.pt: nmt resumes only from SAVE_DIR/checkpoint_last.pt"),
     (["--ddp-backend", "fully_sharded"], "error: --ddp-backend fully_sharded: nmt's multi-GPU training is PyTorch DDP"),
+    (["--user-dir", "plugins"], "error: --user-dir plugins: nmt has no plugins"),
+    (["--task", "language_modeling"], "error: --task language_modeling: nmt does translation only"),
+    (["--no-save"], "error: --no-save: nmt always writes checkpoint_last.pt"),
+    # fairseq's resets, to fine-tune from another run's checkpoint: nmt's way to do it instead.
+    (["--reset-lr-scheduler"], "error: --reset-lr-scheduler: nmt's schedule keeps no state"),
+    (["--reset-dataloader"], "error: --reset-dataloader: resuming from checkpoint_last.pt continues at the batch"),
+    (["--reset-meters"], "error: --reset-meters: resuming from checkpoint_last.pt continues its log window"),
 ])
 def test_refused_flags_and_values_name_themselves_in_one_line(args: list[str], line: str, tmp_path: Path) -> None:
     result = nmt(["train", tmp_path, "--save-dir", tmp_path / "run", *args])
     assert result.exit_code == 2
     assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), result.stderr
+    assert "--reset-run" not in result.stderr  # which deletes the run: never the advice
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command, args, line", [
+    ("generate", ["--sacrebleu"], "error: --sacrebleu: nmt's (and fairseq-generate's) way to score with sacreBLEU is "
+                                  "--scoring sacrebleu"),
+    ("generate", ["--user-dir", "plugins"], "error: --user-dir plugins: nmt has no plugins"),
+    ("generate", ["--task", "translation_multi_simple_epoch"], "error: --task translation_multi_simple_epoch: nmt does"),
+    ("translate", ["--user-dir", "plugins"], "error: --user-dir plugins: nmt has no plugins"),
+    ("translate", ["--task", "speech_to_text"], "error: --task speech_to_text: nmt does translation only"),
+])
+def test_refused_decoding_flags_name_themselves_in_one_line(command: str, args: list[str], line: str,
+                                                            tmp_path: Path) -> None:
+    data = [tmp_path] if command == "generate" else []
+    result = nmt([command, *data, "--path", tmp_path / "model.pt", *args])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), result.stderr
+
+
+def test_fairseqs_task_and_sentencepiece_model_flags_are_taken() -> None:
+    assert train_config("--task", "translation") == train_config()
+    for command, config_class in (("generate", GenerateConfig), ("translate", TranslateConfig)):
+        args = (["data-bin"] if command == "generate" else []) + ["--path", "a.pt"]
+        assert config_of(command, args + ["--task", "translation"], config_class, **DECODING_RESOLVED[command]) == \
+            config_of(command, args, config_class, **DECODING_RESOLVED[command])
+    cfg = config_of("translate", ["--path", "a.pt", "--bpe", "sentencepiece", "--sentencepiece-model", "spm.model"],
+                    TranslateConfig, **DECODING_RESOLVED["translate"])
+    assert cfg.bpe == "sentencepiece" and cfg.bpe_codes == "spm.model"
 
 
 def test_the_convolutional_recipe_is_refused_by_name(tmp_path: Path) -> None:
