@@ -1224,8 +1224,9 @@ class TrainConfig:
     warmup_updates: int = option("--warmup-updates", default=4000, type=int,
                                  help="Warm-up updates of the schedule; fixed: 0 unless given (fairseq's defaults: "
                                       "4000 for inverse_sqrt, 0 for fixed).")
-    warmup_init_lr: float = option("--warmup-init-lr", default=0.0, type=float,
-                                   help="Learning rate at the start of inverse_sqrt warm-up.")
+    warmup_init_lr: float = option(  # fairseq's negative default: 0 where there is warm-up, as always here
+        "--warmup-init-lr", default=0.0, type=float, to_value=lambda lr: max(lr, 0.0),
+        help="Learning rate at the start of inverse_sqrt warm-up (a negative one, fairseq's default -1: 0).")
     adam_betas: tuple[float, float] = option(
         "--adam-betas", default=(0.9, 0.98), cli_default="(0.9, 0.98)", to_value=parse_betas,
         help="Adam beta1 and beta2, e.g. '(0.9, 0.98)' or '0.9 0.98' (the paper's; fairseq's default is (0.9, 0.999)).")
@@ -1246,9 +1247,10 @@ class TrainConfig:
         "--max-time", default=0.0, cli_default="0", to_value=_parse_duration,
         help="Wall-clock budget of this invocation: seconds or e.g. 90s, 15m, 2h, 1h30m; saves a "
              "checkpoint and stops cleanly (0: no limit).")
-    patience: int = option(  # validations without improvement before stopping
-        "--patience", default=0, type=int,
-        help="Stop when the validation metric has not improved for N validations (0: never).")
+    patience: int = option(  # validations without improvement before stopping; fairseq's off is N <= 0
+        "--patience", default=0, type=int, to_value=lambda n: max(n, 0),
+        help="Stop when the validation metric has not improved for N validations (0 or negative, fairseq's "
+             "default -1: never).")
     # Validation and checkpoints.
     validate_interval: int = option("--validate-interval", default=1, type=int,
                                     help="Validate every N epochs (0: not at epoch ends).")

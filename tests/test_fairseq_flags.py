@@ -348,6 +348,10 @@ def train_config(*flags: str) -> TrainConfig:
     (["--optimizer", "adam", "--ddp-backend", "legacy_ddp", "--log-format", "tqdm"], {}),
     (["--fp16", "--precision", "fp16"], {"precision": "fp16"}),  # saying the same twice is fine
     (["--criterion", "cross_entropy", "--label-smoothing", "0"], {"label_smoothing": 0.0}),
+    # fairseq's defaults, its "off": patience <= 0 never stops; a negative --warmup-init-lr starts warm-up at 0.
+    (["--patience", "-1"], {"patience": 0}),
+    (["--patience", "-5"], {"patience": 0}),
+    (["--warmup-init-lr", "-1"], {"warmup_init_lr": 0.0}),
 ])
 def test_fairseq_flags_set_nmts_settings(flags: list[str], settings: dict) -> None:
     cfg = train_config(*flags)
