@@ -1209,12 +1209,13 @@ class TrainConfig:
     required_batch_size_multiple: int = option(
         "--required-batch-size-multiple", default=8, type=int,
         help="Round batch sizes down to a multiple of this (fast matrix shapes).")
-    update_freq: int = option("--update-freq", default=1, type=int,
-                              help="Accumulate gradients over N batches per update (N times the batch, same memory).")
+    update_freq: int = option("--update-freq", default=1, type=int, one_item_list=True,
+                              help="Accumulate gradients over N batches per update (N times the batch, same memory); "
+                                   "fairseq's list form of one, '[N]', too.")
     # Optimisation.
-    lr: float = option("--lr", default=5e-4, type=float,
+    lr: float = option("--lr", default=5e-4, type=float, one_item_list=True,
                        help="Peak learning rate (inverse_sqrt, fixed), or multiplier of the paper's formula (noam); "
-                            "fairseq's default is 0.25.")
+                            "fairseq's list form of one, '[0.0005]', too; fairseq's default is 0.25.")
     lr_scheduler: str = option(
         "--lr-scheduler", default="inverse_sqrt", choices=LR_SCHEDULERS,
         help="inverse_sqrt: linear warm-up to --lr, then lr*sqrt(warmup/step) (fairseq). "

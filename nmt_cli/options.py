@@ -29,6 +29,8 @@ class Flag:
     decls: tuple[str, ...]  # click's declarations: "--batch-size", "--max-sentences", "-b", "--x/--no-x"
     help: str = ""
     type: Any = None  # int, float or str; None: click's choice from the default
+    # fairseq's list form taken too, with one item ("[0.0005]"): for its flags that take one value per epoch.
+    one_item_list: bool = False
     choices: Sequence[str] | Callable[[], Sequence[str]] | None = None  # a callable is asked when options are built
     path: str | None = None  # "file", "dir" or "any": click.Path, for click's metavar and check
     metavar: str | None = None
@@ -145,6 +147,8 @@ def _click_type(flag: Flag, field: dataclasses.Field, overrides: bool) -> Any:
         return click.Choice(list(flag.choices() if callable(flag.choices) else flag.choices))
     if flag.path is not None:
         return _path_type()(file_okay=flag.path != "dir", dir_okay=flag.path != "file")
+    if flag.one_item_list:
+        return _one_item_list_type()(flag.type)
     if flag.type is not None:
         return flag.type
     if overrides and type(field.default) in (int, float):  # the default click sees is None
@@ -165,6 +169,31 @@ def _path_type() -> type:
             return super().convert(value, param, ctx)
 
     return Path
+
+
+@functools.cache
+def _one_item_list_type() -> type:
+    """A click type taking a value bare or as fairseq writes a list of one, "[0.0005]"; a list of
+    several (fairseq's one value per epoch, "[0.001, 0.0005]" or "0.001,0.0005") is refused by name."""
+    import click
+
+    class OneItemList(click.ParamType):
+        def __init__(self, item_type: Any) -> None:
+            self.item_type = click.types.convert_type(item_type)
+            self.name = self.item_type.name
+
+        def convert(self, value, param, ctx):
+            if isinstance(value, str):
+                text = value.strip()
+                listed = text[1:-1] if text[:1] + text[-1:] == "[]" else text
+                items = [item for item in listed.split(",") if item.strip()]
+                if len(items) > 1:
+                    raise refused_option_class()(f"{param.opts[0]} {value}: nmt takes one value for the whole run, "
+                                                 "not fairseq's one per epoch")
+                value = items[0].strip() if items else text
+            return self.item_type.convert(value, param, ctx)
+
+    return OneItemList
 
 
 def config_from_params(config_class: type, params: dict[str, Any], **resolved: Any) -> Any:

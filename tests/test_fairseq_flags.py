@@ -352,6 +352,10 @@ def train_config(*flags: str) -> TrainConfig:
     (["--patience", "-1"], {"patience": 0}),
     (["--patience", "-5"], {"patience": 0}),
     (["--warmup-init-lr", "-1"], {"warmup_init_lr": 0.0}),
+    # fairseq's lists (one value per epoch) of one value.
+    (["--lr", "[0.001]"], {"lr": 0.001}),
+    (["--lr", " [ 7e-4 ] "], {"lr": 7e-4}),
+    (["--update-freq", "[2]"], {"update_freq": 2}),
 ])
 def test_fairseq_flags_set_nmts_settings(flags: list[str], settings: dict) -> None:
     cfg = train_config(*flags)
@@ -398,6 +402,8 @@ def test_a_flag_given_by_its_default_value_still_contradicts_a_fairseq_flag(tmp_
     (["--reset-lr-scheduler"], "error: --reset-lr-scheduler: nmt's schedule keeps no state"),
     (["--reset-dataloader"], "error: --reset-dataloader: resuming from checkpoint_last.pt continues at the batch"),
     (["--reset-meters"], "error: --reset-meters: resuming from checkpoint_last.pt continues its log window"),
+    (["--lr", "[0.001, 0.0005]"], "error: --lr [0.001, 0.0005]: nmt takes one value for the whole run, not fairseq's"),
+    (["--update-freq", "2,4"], "error: --update-freq 2,4: nmt takes one value for the whole run"),
 ])
 def test_refused_flags_and_values_name_themselves_in_one_line(args: list[str], line: str, tmp_path: Path) -> None:
     result = nmt(["train", tmp_path, "--save-dir", tmp_path / "run", *args])
