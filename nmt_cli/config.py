@@ -364,7 +364,8 @@ class GuidedConfig:
         "--alignment-layer", default=-1, show_default=True,
         help="Decoder layer whose cross-attention (averaged over heads) aligns (-1: the last, as fairseq).")
     replace_unk: bool = flag_option(
-        "--replace-unk", help="Replace each <unk> of the output with the source word aligned to it.")
+        "--replace-unk", help="Replace each <unk> of the output with the whole source word aligned to it (as a "
+                              "word of its own; in bpe output one piece starting a word).")
     score_reference: bool = flag_option(
         "--score-reference",
         help="Score given translations instead of translating: lines are source<TAB>reference (or see "

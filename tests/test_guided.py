@@ -380,14 +380,47 @@ def test_phrase_progress_follows_self_overlapping_phrases():
 
 def test_replace_unk_copies_the_whole_aligned_source_word():
     from nmt_cli.decode.guided import replace_unknowns
+    from nmt_cli.text.pipeline import TextPipeline
+    from nmt_cli.text.subword_nmt import SubwordNmtBpe
+    from nmt_cli.text.tokenizer import TokenizerSettings
 
     # A sentencepiece segmenter as word_indices sees it; its pieces join by their word marks.
     bpe = BpeModel.__new__(BpeModel)
     bpe.decode = lambda pieces: "".join(pieces).replace(WORD_START, " ").strip()
-    source = [WORD_START + "Zeit", WORD_START + "Gold", "schmied", "es"]
-    out = replace_unknowns([WORD_START + "the", "<unk>", WORD_START + "is", "<unk>"], source, [1, 3, 0, 0], bpe, bpe,
-                           "<unk>")
-    assert out == [WORD_START + "the", WORD_START + "Goldschmiedes", WORD_START + "is", WORD_START + "Zeit"]
+    source = [WORD_START + "Zeit", WORD_START + "Gold", "schmied", "es", WORD_START, "🐕"]
+    target = [WORD_START + "the", "<unk>", WORD_START + "is", "<unk>", "chen", "<unk>"]
+    copies = replace_unknowns(target, source, [1, 3, 0, 0, 0, 5], bpe, "<unk>")
+    assert copies == {1: "Goldschmiedes", 3: "Zeit", 5: "🐕"}
+    # Each copy is a word of its own, in the text and in the alignment's target words.
+    pipeline = TextPipeline(TokenizerSettings(name="none"), bpe=bpe)
+    assert pipeline.decode([copies.get(i, p) for i, p in enumerate(target)], copies) == "the Goldschmiedes is Zeit chen 🐕"
+    assert word_indices(target, bpe, copies) == [0, 1, 2, 3, 4, 5]
+    # subword-nmt: the word's pieces lose their separators; a piece before a copy ends its word.
+    subword = SubwordNmtBpe({})
+    source = ["Gold@@", "schmied@@", "es", "Zeit"]
+    target = ["the", "Hund@@", "<unk>", "is"]
+    copies = replace_unknowns(target, source, [3, 0, 1, 3], subword, "<unk>")
+    assert copies == {2: "Goldschmiedes"}
+    pipeline = TextPipeline(TokenizerSettings(name="none"), bpe=subword)
+    assert pipeline.decode([copies.get(i, p) for i, p in enumerate(target)], copies) == "the Hund Goldschmiedes is"
+    assert word_indices(target, subword, copies) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("word", ["Zyxwvut", "🐕"])  # a word of several pieces; one that sentencepiece lacks
+def test_cli_replace_unk_prints_the_source_word_as_a_word(run_dir, word):
+    path = str(run_dir / "checkpoint_best.pt")
+    # Rewarding <unk> makes every output token one; a one-word source aligns each to that word.
+    args = ("--path", path, *FAST, "--beam", "1", "--unk-penalty", "-15", "--replace-unk")
+    text = nmt(*args, input=f"{word}\n{word} {word}\n")
+    assert text.exit_code == 0
+    lines = text.output.splitlines()
+    assert len(lines) == 2 and lines[0].split() and set(" ".join(lines).split(" ")) == {word}
+    bpe = nmt(*args, "--output-format", "bpe", input=f"{word}\n")
+    assert bpe.output.split() == [WORD_START + word] * len(lines[0].split())
+    jsonl = nmt(*args, "--output-format", "jsonl", "--print-alignment", input=f"{word}\n")
+    record = json.loads(jsonl.output)
+    assert record["hyp"] == lines[0] and set(record["tokens"]) == {"<unk>", "</s>"}
+    assert record["alignment"] == [[0, t] for t in range(len(lines[0].split()))]
 
 
 def test_the_guided_decoding_benchmark_times_every_feature_against_plain_search(run_dir, tmp_path):

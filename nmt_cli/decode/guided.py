@@ -14,7 +14,7 @@ words of the text itself when the pipeline has no word tokenizer.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, replace
 from typing import BinaryIO
 
@@ -92,16 +92,16 @@ def with_side_file(lines: Iterator[InputLine], side: BinaryIO, side_name: str, f
         raise NmtError(f"{side_name} has more lines than the input ({count})")
 
 
-def word_indices(pieces: list[str], segmenter: object | None) -> list[int]:
-    """The word (0-based) of each piece of a tokenized line segmented by `segmenter`."""
-    words, word = [], 0
+def word_indices(pieces: list[str], segmenter: object | None, whole_words: Collection[int] = ()) -> list[int]:
+    """The word (0-based) of each piece of a tokenized line segmented by `segmenter`; the
+    pieces at `whole_words` (--replace-unk's copies) are words of their own."""
+    words, word = [], -1
     for i, piece in enumerate(pieces):
         if isinstance(segmenter, SubwordNmtBpe):
-            words.append(word)
-            word += not piece.endswith(segmenter.separator)
-            continue
-        if i > 0 and (not isinstance(segmenter, BpeModel) or piece.startswith(WORD_START)):
-            word += 1
+            starts = i == 0 or not pieces[i - 1].endswith(segmenter.separator)
+        else:
+            starts = not isinstance(segmenter, BpeModel) or i == 0 or piece.startswith(WORD_START)
+        word += starts or i in whole_words or i - 1 in whole_words
         words.append(word)
     return words
 
@@ -123,16 +123,29 @@ def format_alignment(pairs: list[tuple[int, int]]) -> str:
 
 
 def replace_unknowns(target_pieces: list[str], source_pieces: list[str], source_positions: list[int],
-                     source_segmenter: object | None, target_segmenter: object | None, unk: str) -> list[str]:
-    """`target_pieces` with each `unk` replaced by the whole source word its piece attends most."""
+                     source_segmenter: object | None, unk: str) -> dict[int, str]:
+    """The source word to put in place of each `unk` of `target_pieces`, by its index: the
+    whole source word (of `source_pieces`, as segmented before the dictionary lookup, so a
+    word the dictionary lacks is still there) that its piece attends most."""
     source_words = word_indices(source_pieces, source_segmenter)
-    out = []
-    for piece, source in zip(target_pieces, source_positions):
-        if piece != unk:
-            out.append(piece)
-            continue
-        word = source_words[source]
-        word_pieces = [p for p, w in zip(source_pieces, source_words) if w == word]
-        text = source_segmenter.decode(word_pieces) if source_segmenter is not None else word_pieces[0]
-        out.append(WORD_START + text if isinstance(target_segmenter, BpeModel) else text)
-    return out
+    copies = {}
+    for i, (piece, source) in enumerate(zip(target_pieces, source_positions)):
+        if piece == unk:
+            word = source_words[source]
+            copies[i] = word_text([p for p, w in zip(source_pieces, source_words) if w == word], source_segmenter)
+    return copies
+
+
+def word_text(pieces: list[str], segmenter: object | None) -> str:
+    """The word that one word's pieces spell, their subword marks taken off (not by the
+    segmenter's decode: sentencepiece turns a piece it lacks into ` ⁇ `)."""
+    if isinstance(segmenter, SubwordNmtBpe):
+        return "".join(piece.removesuffix(segmenter.separator) for piece in pieces)
+    if isinstance(segmenter, BpeModel):
+        return "".join(pieces).replace(WORD_START, "")
+    return "".join(pieces)
+
+
+def as_piece(word: str, segmenter: object | None) -> str:
+    """A copied word as one target piece that starts a word (--output-format bpe)."""
+    return WORD_START + word if isinstance(segmenter, BpeModel) else word

@@ -138,8 +138,9 @@ def load_text_sides(directory: Path, loaded: LoadedModels, checkpoint: str, need
         return TextSides(None, None)
     if not (directory / "meta.json").is_file():
         raise NmtError(
-            f"no meta.json in {directory}: pass --data-bin (raw text in or out needs the tokenizer "
-            "and BPE model of the training data), or use --input-format bpe and --output-format bpe"
+            f"no meta.json in {directory}: pass --data-bin (raw text in or out, --print-alignment and "
+            "--replace-unk need the tokenizer and BPE model of the training data), or use --input-format bpe "
+            "and --output-format bpe"
         )
     meta = _read_languages(directory)
     if meta != (loaded.source_lang, loaded.target_lang):

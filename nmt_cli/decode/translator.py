@@ -25,8 +25,8 @@ from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
 from nmt_cli.decode.forced import hard_alignment, reference_log_probs
 from nmt_cli.decode.graphs import GraphedTransformer, with_fixed_steps
-from nmt_cli.decode.guided import (GuidedLine, format_alignment, parse_line, replace_unknowns, word_alignment,
-                                   word_indices)
+from nmt_cli.decode.guided import (GuidedLine, as_piece, format_alignment, parse_line, replace_unknowns,
+                                   word_alignment, word_indices)
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.loading import (LoadedModels, TextSides, fairseq_interactive_text, load_models,
                                    load_text_sides, text_directory)
@@ -55,6 +55,9 @@ class Translation:
     number: int  # input line number
     hypotheses: list[Hypothesis]  # best first; empty for a blank line (--score-reference: the reference)
     source_ids: list[int] | None = None  # the source as the model read it (for alignments)
+    # Its pieces (one per id but the </s>) as segmented before the dictionary lookup, where a
+    # word the dictionary lacks is still itself: the words of alignments and --replace-unk.
+    source_pieces: list[str] | None = None
 
 
 def make_batches(lengths: list[int], max_tokens: int | None, batch_size: int | None) -> list[list[int]]:
@@ -125,8 +128,9 @@ class Translator:
         need_source = cfg.input_format == "raw"
         need_target = cfg.output_format in ("text", "jsonl") or (need_source and cfg.guided.reads_target_text)
         directory = text_directory(cfg.checkpoints[0], cfg.data_bin)
-        if cfg.data_bin is not None:
-            need_source = need_target = True  # an explicit --data-bin is always checked
+        # An explicit --data-bin is always checked; alignments' words are those of the BPE, whatever the formats.
+        if cfg.data_bin is not None or cfg.guided.needs_alignment:
+            need_source = need_target = True
         self.text = self._open_text(directory, cfg.checkpoints[0], need_source, need_target)
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.decode.seed)
 
@@ -155,6 +159,12 @@ class Translator:
 
     def source_ids(self, line: InputLine, source_name: str) -> list[int] | None:
         """Source ids ending in </s>, or None for a line with nothing to translate."""
+        source = self._source(line, source_name)
+        return source[1] if source is not None else None
+
+    def _source(self, line: InputLine, source_name: str) -> tuple[list[str], list[int]] | None:
+        """The source's pieces (see Translation.source_pieces) and ids ending in </s>, cut to
+        the model's positions; None for a line with nothing to translate."""
         if not line.text.strip():
             return None
         if self.cfg.input_format == "raw":
@@ -162,10 +172,12 @@ class Translator:
         elif self.cfg.input_format == "bpe":
             pieces = line.text.split()
         else:
-            return self._parse_ids(line, source_name)
+            ids = self._parse_ids(line, source_name)
+            return self.models.src_dict.decode(ids), ids
         if not pieces:
             return None
-        return self._fit(self.models.src_dict.encode(pieces), line, source_name)
+        ids = self._fit(self.models.src_dict.encode(pieces), line, source_name)
+        return pieces[: len(ids) - 1], ids
 
     def _parse_ids(self, line: InputLine, source_name: str) -> list[int]:
         try:
@@ -195,11 +207,15 @@ class Translator:
     def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
         """Translations of `lines`, in the same order (--score-reference: their references' scores)."""
         guided = [parse_line(line, self.cfg.guided, source_name) for line in lines]
-        encoded = [self.source_ids(replace(line, text=g.source), source_name) for line, g in zip(lines, guided)]
+        sources = [self._source(replace(line, text=g.source), source_name) for line, g in zip(lines, guided)]
+        encoded = [source[1] if source is not None else None for source in sources]
         if self.cfg.guided.score_reference:  # a reference is scored even against an empty source (</s> alone)
             encoded = [[EOS_ID] if ids is None and (g.reference or "").strip() else ids
                        for ids, g in zip(encoded, guided)]
-        return self.translate_ids(lines, encoded, source_name, guided)
+        results = self.translate_ids(lines, encoded, source_name, guided)
+        for result, source in zip(results, sources):
+            result.source_pieces = source[0] if source is not None else None
+        return results
 
     def translate_ids(self, lines: list[InputLine], encoded: list[list[int] | None], source_name: str,
                       guided: list | None = None) -> list[Translation]:
@@ -330,28 +346,34 @@ class Translator:
         for (_, hyp), row in zip(flat, positions):
             hyp.source_positions = row
 
-    def _pieces(self, hyp: Hypothesis, translation: Translation) -> tuple[list[str], list[int] | None]:
-        """The hypothesis' target pieces (--replace-unk applied) and, with alignments, the
-        source position of each."""
+    def _pieces(self, hyp: Hypothesis, translation: Translation) -> tuple[list[str], list[int] | None, dict[int, str]]:
+        """The hypothesis' target pieces, with alignments the source position of each, and
+        --replace-unk's source words by the index of the `<unk>` they replace."""
         tgt_dict = self.models.tgt_dict
         if hyp.source_positions is None:
-            return tgt_dict.decode(hyp.tokens), None
+            return tgt_dict.decode(hyp.tokens), None, {}
         kept = [(t, s) for t, s in zip(hyp.tokens, hyp.source_positions) if t not in (BOS_ID, PAD_ID, EOS_ID)]
         pieces, positions = [tgt_dict.symbols[t] for t, _ in kept], [s for _, s in kept]
+        copies = {}
         if self.cfg.guided.replace_unk:
-            source_pieces = self.models.src_dict.decode(translation.source_ids)
-            pieces = replace_unknowns(pieces, source_pieces, positions, self._segmenter(self.text.source),
-                                      self._segmenter(self.text.target), tgt_dict.symbols[UNK_ID])
-        return pieces, positions
+            copies = replace_unknowns(pieces, self._source_pieces(translation), positions,
+                                      self._segmenter(self.text.source), tgt_dict.symbols[UNK_ID])
+        return pieces, positions, copies
+
+    def _source_pieces(self, translation: Translation) -> list[str]:
+        """The source's pieces; for sources the Python API encoded, those of its ids."""
+        if translation.source_pieces is not None:
+            return translation.source_pieces
+        return self.models.src_dict.decode(translation.source_ids)
 
     @staticmethod
     def _segmenter(pipeline) -> object | None:
         return pipeline.bpe if pipeline is not None else None
 
-    def _alignment(self, pieces: list[str], positions: list[int], translation: Translation) -> list[tuple[int, int]]:
-        source_pieces = self.models.src_dict.decode(translation.source_ids)
-        return word_alignment(positions, word_indices(source_pieces, self._segmenter(self.text.source)),
-                              word_indices(pieces, self._segmenter(self.text.target)))
+    def _alignment(self, pieces: list[str], positions: list[int], copies: dict[int, str],
+                   translation: Translation) -> list[tuple[int, int]]:
+        return word_alignment(positions, word_indices(self._source_pieces(translation), self._segmenter(self.text.source)),
+                              word_indices(pieces, self._segmenter(self.text.target), copies))
 
     def _autocast(self):
         if self.cfg.precision in ("fp32", "int8") or self.engine is not None:
@@ -373,12 +395,21 @@ class Translator:
         # --nbest N: N lines per input line, best first; missing hypotheses (an empty input) are empty lines.
         lines = []
         for hypothesis in translation.hypotheses[: self.cfg.decode.nbest]:
-            pieces, positions = self._pieces(hypothesis, translation)
-            text = _one_line(" ".join(pieces) if fmt == "bpe" else self.text.target.decode(pieces))
+            pieces, positions, copies = self._pieces(hypothesis, translation)
+            if fmt == "bpe":  # a copied word as one piece that starts a word
+                segmenter = self._segmenter(self.text.target)
+                text = _one_line(" ".join(as_piece(copies[i], segmenter) if i in copies else piece
+                                          for i, piece in enumerate(pieces)))
+            else:
+                text = self._text(pieces, copies)
             if self.cfg.guided.print_alignment:
-                text += "\t" + format_alignment(self._alignment(pieces, positions, translation))
+                text += "\t" + format_alignment(self._alignment(pieces, positions, copies, translation))
             lines.append(text)
         return "\n".join(lines + [""] * (self.cfg.decode.nbest - len(lines)))
+
+    def _text(self, pieces: list[str], copies: dict[int, str]) -> str:
+        """Target pieces as detokenized text on one line, each copied word a word of its own."""
+        return _one_line(self.text.target.decode([copies.get(i, p) for i, p in enumerate(pieces)], copies))
 
     def hypothesis_text(self, hyp: Hypothesis) -> str:
         """A hypothesis as detokenized text on one line."""
@@ -418,16 +449,16 @@ class Translator:
         return record
 
     def _json_hypothesis(self, hyp: Hypothesis, translation: Translation) -> dict:
-        pieces, positions = self._pieces(hyp, translation)
+        pieces, positions, copies = self._pieces(hyp, translation)
         entry = {
-            "hyp": _one_line(self.text.target.decode(pieces)),
+            "hyp": self._text(pieces, copies),
             "score": _finite_or_none(hyp.score),
             "tokens": self.models.tgt_dict.decode(hyp.tokens, strip_specials=False),
             "ids": hyp.tokens,
             "positional_scores": [_finite_or_none(round(s, 6)) for s in hyp.positional_scores],
         }
         if self.cfg.guided.print_alignment:
-            entry["alignment"] = [list(pair) for pair in self._alignment(pieces, positions, translation)]
+            entry["alignment"] = [list(pair) for pair in self._alignment(pieces, positions, copies, translation)]
         return entry
 
 

@@ -11,6 +11,7 @@ segments and restores text as Hugging Face's MarianTokenizer (models imported fr
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Protocol
 
@@ -77,8 +78,20 @@ class TextPipeline:
         """Pieces -> the tokenized line they segment (BPE removed, not detokenized)."""
         return self.bpe.decode(pieces) if self.bpe is not None else " ".join(pieces)
 
-    def decode(self, pieces: list[str]) -> str:
-        return self.tokenizer.detokenize(self.join_pieces(pieces).split())
+    def decode(self, pieces: list[str], whole_words: Collection[int] = ()) -> str:
+        """Pieces -> detokenized line. The pieces at `whole_words` (--replace-unk's copies of
+        source words) are words as they are: the pieces between them are joined apart (a
+        sentencepiece model would keep a word it lacks verbatim, `▁` and all, glued to the
+        word before)."""
+        words, run = [], []
+        for i, piece in enumerate(pieces):
+            if i in whole_words:
+                words += [self.join_pieces(run), piece]
+                run = []
+            else:
+                run.append(piece)
+        words.append(self.join_pieces(run))
+        return self.tokenizer.detokenize(" ".join(words).split())
 
 
 SUBWORD_NMT_MARKER = "@@ "
