@@ -435,3 +435,25 @@ def test_the_guided_decoding_benchmark_times_every_feature_against_plain_search(
     assert rows["plain beam search"][3] == "1.00x plain time"
     for name in ("1 constraint", "2 constraints"):  # constrained search puts every phrase in its output
         assert rows[name][4] == "phrases in output: 6/6"
+
+
+@pytest.mark.parametrize("fmt, source", [("ids", "2"), ("bpe", "</s>")])
+def test_cli_source_of_only_eos_is_a_blank_line(run_dir, fmt, source):
+    args = ("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", fmt)
+    for guide in (("--print-alignment",), ("--replace-unk", "--unk-penalty", "-15"), ()):
+        result = nmt(*args, *guide, input=f"{source}\n\n")
+        assert result.exit_code == 0 and result.output == nmt(*args, *guide, input="\n\n").output == "\n\n"
+    # A final </s> is the one the source gets anyway.
+    with_eos = nmt(*args, "--output-format", "bpe", input="5 6 2\n" if fmt == "ids" else "the dog </s>\n")
+    assert with_eos.output == nmt(*args, "--output-format", "bpe", input="5 6\n" if fmt == "ids" else "the dog\n").output
+
+
+@pytest.mark.parametrize("fmt, source, symbol", [
+    ("ids", "5 2 6", "</s> but as its last token"), ("ids", "5 1 6", "<pad>"), ("ids", "0 5", "<s>"),
+    ("bpe", "▁the </s> ▁dog", "</s> but as its last token"), ("bpe", "<pad> ▁the", "<pad>"), ("bpe", "▁the <s>", "<s>"),
+])
+def test_cli_source_with_special_symbols_is_one_error_line(run_dir, fmt, source, symbol):
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", fmt, "--print-alignment",
+                 input=f"5\n{source}\n")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.output.splitlines()[-1] == f"error: the source may not hold {symbol} at <stdin>:2"

@@ -92,6 +92,19 @@ def pad_batch(rows: list[list[int]], device: torch.device) -> torch.Tensor:
     return batch.to(device)
 
 
+def without_specials(ids: list[int], what: str, final_eos: bool, at: str) -> list[int]:
+    """`ids` without a final </s> where `final_eos` allows one; NmtError naming the line where
+    <pad>, <s> or </s> is left among them (search would mask, force or end at it)."""
+    if final_eos and ids and ids[-1] == EOS_ID:
+        ids = ids[:-1]
+    for special in (PAD_ID, BOS_ID, EOS_ID):
+        if special in ids:
+            symbol = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>"}[special]
+            last = " but as its last token" if final_eos and special == EOS_ID else ""
+            raise NmtError(f"{what} may not hold {symbol}{last} at {at}")
+    return ids
+
+
 def truncated_source(ids: list[int], limit: int) -> list[int]:
     """A source's ids (ending in </s>) cut to the model's `limit` positions, </s> kept."""
     return ids if len(ids) <= limit else ids[: limit - 1] + [EOS_ID]
@@ -167,16 +180,19 @@ class Translator:
         the model's positions; None for a line with nothing to translate."""
         if not line.text.strip():
             return None
+        at = where(source_name, line.number)
         if self.cfg.input_format == "raw":
             pieces = self.text.source.encode(line.text)
+            ids = self.models.src_dict.encode(pieces, append_eos=False)
         elif self.cfg.input_format == "bpe":
             pieces = line.text.split()
+            ids = without_specials(self.models.src_dict.encode(pieces, append_eos=False), "the source", True, at)
         else:
-            ids = self._parse_ids(line, source_name)
-            return self.models.src_dict.decode(ids), ids
-        if not pieces:
+            ids = without_specials(self._parse_ids(line, source_name), "the source", True, at)
+            pieces = self.models.src_dict.decode(ids)
+        if not ids:  # nothing but </s>: as a blank line
             return None
-        ids = self._fit(self.models.src_dict.encode(pieces), line, source_name)
+        ids = self._fit(ids + [EOS_ID], line, source_name)
         return pieces[: len(ids) - 1], ids
 
     def _parse_ids(self, line: InputLine, source_name: str) -> list[int]:
@@ -190,9 +206,7 @@ class Translator:
                 f"--input-format ids: id {bad[0]} is outside the source dictionary "
                 f"(0..{len(self.models.src_dict) - 1}) at {where(source_name, line.number)}"
             )
-        if not ids or ids[-1] != EOS_ID:
-            ids.append(EOS_ID)
-        return self._fit(ids, line, source_name)
+        return ids
 
     def _fit(self, ids: list[int], line: InputLine, source_name: str) -> list[int]:
         limit = self.models.max_source_positions
