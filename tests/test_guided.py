@@ -457,3 +457,34 @@ def test_cli_source_with_special_symbols_is_one_error_line(run_dir, fmt, source,
                  input=f"5\n{source}\n")
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert result.output.splitlines()[-1] == f"error: the source may not hold {symbol} at <stdin>:2"
+
+
+@pytest.mark.parametrize("fmt, guide, symbol", [
+    ("bpe", "▁the </s> ▁dog", "</s>"), ("bpe", "<pad> ▁the", "<pad>"), ("bpe", "<s> ▁the", "<s>"),
+    ("ids", "5 2 6", "</s>"), ("ids", "5 2", "</s>"), ("ids", "1 5", "<pad>"), ("ids", "0", "<s>"),
+])
+@pytest.mark.parametrize("kind", ["prefix", "constraint"])
+def test_cli_prefix_or_constraint_with_special_symbols_is_one_error_line(run_dir, tmp_path, fmt, guide, symbol, kind):
+    source = "5 6" if fmt == "ids" else "▁the ▁dog"
+    args = ["--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", fmt]
+    if kind == "prefix":
+        (tmp_path / "prefix.txt").write_text(f"\n{guide}\n", encoding="utf-8")
+        args += ["--prefix-file", str(tmp_path / "prefix.txt")]
+        text = f"{source}\n{source}\n"
+    else:
+        args += ["--constraints", "ordered"]
+        text = f"{source}\n{source}\t{guide}\n"
+    result = nmt(*args, input=text)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.output.splitlines()[-1] == f"error: a {kind} may not hold {symbol} at <stdin>:2"
+
+
+def test_cli_constraints_longer_than_the_target_positions_are_one_error_line(run_dir):
+    args = ("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", "bpe", "--constraints", "ordered")
+    # The tiny model has 64 target positions: 63 phrase tokens and </s> fit, 64 do not.
+    fits = nmt(*args, "--beam", "1", input="▁the ▁dog\t" + " ".join(["▁dog"] * 40) + "\t" + " ".join(["▁the"] * 23) + "\n")
+    assert fits.exit_code == 0 and fits.output.count("dog") >= 40
+    result = nmt(*args, input="▁the ▁dog\t" + " ".join(["▁dog"] * 40) + "\t" + " ".join(["▁the"] * 24) + "\n")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.output.splitlines()[-1] == ("error: constraints of 64 tokens do not fit the model's 64 target "
+                                              "positions at <stdin>:1")

@@ -290,24 +290,29 @@ class Translator:
     def _guide_ids(self, guide: GuidedLine, number: int, source_name: str) -> "GuideIds":
         """A line's prefix, phrases and reference as target ids (without </s>)."""
         at = where(source_name, number)
-        prefix = self._target_ids(guide.prefix, "prefix", at) if guide.prefix else []
+        prefix = self._target_ids(guide.prefix, "a prefix", at) if guide.prefix else []
         if len(prefix) >= self.models.max_target_positions:
             raise NmtError(f"prefix of {len(prefix)} tokens does not fit the model's {self.models.max_target_positions} "
                            f"target positions at {at}")
-        phrases = [ids for ids in (self._target_ids(c, "constraint", at) for c in guide.constraints) if ids]
+        phrases = [ids for ids in (self._target_ids(c, "a constraint", at) for c in guide.constraints) if ids]
+        # The output holds every phrase and its </s>.
+        if sum(map(len, phrases)) >= self.models.max_target_positions:
+            raise NmtError(f"constraints of {sum(map(len, phrases))} tokens do not fit the model's "
+                           f"{self.models.max_target_positions} target positions at {at}")
         reference = None
         if self.cfg.guided.score_reference:
-            reference = self._target_ids(guide.reference or "", "reference", at) + [EOS_ID]
+            reference = self._target_ids(guide.reference or "", "the reference", at) + [EOS_ID]
             if len(reference) > self.models.max_target_positions:
                 raise NmtError(f"reference of {len(reference)} tokens (with </s>) is longer than the model's "
                                f"{self.models.max_target_positions} target positions at {at}")
         return GuideIds(prefix, phrases, reference)
 
     def _target_ids(self, text: str, what: str, at: str) -> list[int]:
+        """`what`'s target ids; a reference may end in </s> (dropped: it gets one anyway)."""
         if self.cfg.input_format == "raw":
-            pieces = self.text.target.encode(text)
+            ids = self.models.tgt_dict.encode(self.text.target.encode(text), append_eos=False)
         elif self.cfg.input_format == "bpe":
-            pieces = text.split()
+            ids = self.models.tgt_dict.encode(text.split(), append_eos=False)
         else:
             try:
                 ids = [int(field) for field in text.split()]
@@ -317,8 +322,7 @@ class Translator:
             if bad:
                 raise NmtError(f"--input-format ids: {what} id {bad[0]} is outside the target dictionary "
                                f"(0..{len(self.models.tgt_dict) - 1}) at {at}")
-            return [i for i in ids if i != EOS_ID]
-        return self.models.tgt_dict.encode(pieces, append_eos=False)
+        return without_specials(ids, what, what == "the reference", at)
 
     def _guided_search(self, src_tokens: torch.Tensor, guides: list["GuideIds"]) -> list[list[Hypothesis]]:
         """Search with the batch's prefixes and phrases; plain search when it has none.
