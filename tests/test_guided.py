@@ -488,3 +488,17 @@ def test_cli_constraints_longer_than_the_target_positions_are_one_error_line(run
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert result.output.splitlines()[-1] == ("error: constraints of 64 tokens do not fit the model's 64 target "
                                               "positions at <stdin>:1")
+
+
+@pytest.mark.parametrize("record, key", [
+    ('{"text": "the \\ud800 dog"}', "text"), ('{"text": "the dog", "prefix": "\\udc15"}', "prefix"),
+    ('{"text": "the dog", "constraints": ["dog", "a\\ud800"]}', "constraints"),
+    ('{"text": "the dog", "reference": "\\ud800"}', "reference"),
+])
+def test_cli_json_input_with_a_lone_surrogate_is_one_error_line(run_dir, record, key):
+    args = ("--score-reference",) if key == "reference" else ()
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--json-input", *args,
+                 input='{"text": "the \\ud83d\\udc15 dog", "reference": "the"}\n' + record + "\n")
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.output.splitlines()[-1] == (f'error: --json-input: "{key}" holds a lone surrogate escape (not text) '
+                                              "at <stdin>:2")

@@ -72,8 +72,21 @@ def _parse_json(line: InputLine, source_name: str) -> GuidedLine:
     constraints = record.get("constraints") or []
     if not isinstance(constraints, list) or not all(isinstance(c, str) for c in constraints):
         raise NmtError(f"--json-input: \"constraints\" must be a list of strings at {at}")
+    # JSON's \ud800-style escapes can give lone surrogates, which are no text (nor UTF-8).
+    for key, values in (("text", [record["text"]]), ("prefix", [record.get("prefix") or ""]),
+                        ("constraints", constraints), ("reference", [record.get("reference") or ""])):
+        if any(_has_lone_surrogate(value) for value in values):
+            raise NmtError(f"--json-input: \"{key}\" holds a lone surrogate escape (not text) at {at}")
     return GuidedLine(record["text"], record.get("prefix") or None, tuple(c for c in constraints if c.strip()),
                       record.get("reference"))
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def with_side_file(lines: Iterator[InputLine], side: BinaryIO, side_name: str, field: str,
