@@ -290,7 +290,8 @@ class DecodeConfig:
         "--sampling",
         help="Sample instead of searching (back-translation): each of --beam hypotheses is one sample.")
     sampling_topk: int = option("--sampling-topk", default=-1, show_default=True,
-                                help="With --sampling: draw only from the k most probable tokens (-1: all).")
+                                help="With --sampling: draw only from the k most probable tokens (-1: all; not with "
+                                     "--sampling-topp).")
     sampling_topp: float = option("--sampling-topp", default=-1.0, show_default=True,
                                   help="With --sampling: draw only from the smallest set of tokens with this much "
                                        "probability (-1: all).")
@@ -325,6 +326,8 @@ class DecodeConfig:
             raise NmtError("--sampling-topp must be in (0, 1] (or -1: off)")
         if (self.sampling_topk > 0 or self.sampling_topp > 0) and not self.sampling:
             raise NmtError("--sampling-topk/--sampling-topp need --sampling")
+        if self.sampling_topk > 0 and self.sampling_topp > 0:  # a contradiction: fairseq would drop top-k
+            raise NmtError("give one of --sampling-topk and --sampling-topp, not both")
         check_seed(self.seed)
 
 

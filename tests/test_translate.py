@@ -649,3 +649,18 @@ def test_bpe_codes_may_name_the_data_directorys_own_sentencepiece_model(run_dir,
     refused = nmt("--path", ckpt, *FAST, "--bpe-codes", str(other), input="the dog runs\n")
     assert refused.exit_code == 1 and refused.stderr == (
         f"error: --bpe-codes {other}: not the BPE codes of {run_dir} (nmt applies those itself)\n")
+
+
+def test_sampling_topk_with_topp_is_refused_by_the_cli_and_the_api(run_dir):
+    """fairseq would take top-p and drop top-k; nmt took top-k and dropped top-p: neither is asked for."""
+    import nmt_cli
+    from nmt_cli.errors import NmtError
+
+    with pytest.raises(NmtError, match="give one of --sampling-topk and --sampling-topp, not both"):
+        DecodeConfig(sampling=True, sampling_topk=5, sampling_topp=0.5)
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--sampling", "--sampling-topk", "5",
+                 "--sampling-topp", "0.5", input="the dog\n")
+    assert result.exit_code == 1 and result.output == "error: give one of --sampling-topk and --sampling-topp, not both\n"
+    model = nmt_cli.load(run_dir, threads=1)
+    with pytest.raises(NmtError, match="give one of --sampling-topk and --sampling-topp, not both"):
+        model.translate(["the dog"], sampling=True, sampling_topk=5, sampling_topp=0.5)

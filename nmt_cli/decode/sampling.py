@@ -2,7 +2,7 @@
 
 Each of the K beams is an independent sample. At step 0 all beams are identical,
 so the K samples are drawn from beam 0 with replacement; afterwards each beam draws
-one token from its own distribution. Top-k and top-p (nucleus) restrict the choice;
+one token from its own distribution. Top-k or top-p (nucleus; never both) restrict the choice;
 the score of a drawn token is its unrestricted log-probability.
 """
 
