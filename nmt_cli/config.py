@@ -560,6 +560,11 @@ class TranslateConfig:
         check_cpu_count("--workers", self.workers)
         if self.decode.sampling and self.guided.constraints:
             raise NmtError("--constraints needs beam search, not --sampling")
+        if self.guided.score_reference:  # teacher forcing scores with the model's plain probabilities
+            for flag, given in (("--temperature", self.decode.temperature != 1.0),
+                                ("--unk-penalty", self.decode.unk_penalty != 0), ("--sampling", self.decode.sampling)):
+                if given:
+                    raise NmtError(f"--score-reference scores with the model's own probabilities: drop {flag}")
         if self.workers > 1 and self.device != "cpu":
             raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
         self._check_device_fits()

@@ -333,6 +333,13 @@ def test_cli_score_reference_equals_summed_teacher_forced_log_probs(run_dir, tmp
     (("--json-input",), '{"text": "a", "constraints": "b"}\n', "\"constraints\" must be a list of strings at <stdin>:1"),
     (("--json-input",), '["a"]\n', "expected an object with a \"text\" string at <stdin>:1"),
     (("--score-reference", "--constraints", "ordered"), "a\tb\n", "--score-reference scores given translations"),
+    # Its scores are those of search without these (README: the same as the search's of that output).
+    (("--score-reference", "--temperature", "0.5"), "a\tb\n",
+     "error: --score-reference scores with the model's own probabilities: drop --temperature\n"),
+    (("--score-reference", "--unk-penalty", "2"), "a\tb\n",
+     "error: --score-reference scores with the model's own probabilities: drop --unk-penalty\n"),
+    (("--score-reference", "--sampling"), "a\tb\n",
+     "error: --score-reference scores with the model's own probabilities: drop --sampling\n"),
 ])
 def test_bad_guided_input_is_one_error_line(run_dir, args, text, message):
     result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, *args, input=text)
