@@ -509,3 +509,13 @@ def test_cli_json_input_with_a_lone_surrogate_is_one_error_line(run_dir, record,
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert result.output.splitlines()[-1] == (f'error: --json-input: "{key}" holds a lone surrogate escape (not text) '
                                               "at <stdin>:2")
+
+
+def test_cli_json_constraints_with_sampling_name_their_line(run_dir):
+    lines = '{"text": "the dog"}\n{"text": "the ball", "constraints": ["dog"]}\n'
+    for buffer in ("1", "10"):  # line 1 is translated and written first where it is a chunk of its own
+        result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--json-input", "--sampling",
+                     "--buffer-size", buffer, input=lines)
+        assert result.exit_code != 0 and "Traceback" not in result.output
+        assert result.output.splitlines()[-1] == "error: constraints need beam search, not --sampling, at <stdin>:2"
+        assert len(result.stdout.splitlines()) == (1 if buffer == "1" else 0)

@@ -295,6 +295,8 @@ class Translator:
             raise NmtError(f"prefix of {len(prefix)} tokens does not fit the model's {self.models.max_target_positions} "
                            f"target positions at {at}")
         phrases = [ids for ids in (self._target_ids(c, "a constraint", at) for c in guide.constraints) if ids]
+        if phrases and self.cfg.decode.sampling:  # --json-input's (TranslateConfig refuses --constraints)
+            raise NmtError(f"constraints need beam search, not --sampling, at {at}")
         # The output holds every phrase and its </s>.
         if sum(map(len, phrases)) >= self.models.max_target_positions:
             raise NmtError(f"constraints of {sum(map(len, phrases))} tokens do not fit the model's "
@@ -332,8 +334,6 @@ class Translator:
         prefix = pad_batch([g.prefix or [PAD_ID] for g in guides], self.device) if any(g.prefix for g in guides) else None
         constraints = None
         if any(g.phrases for g in guides):
-            if self.cfg.decode.sampling:
-                raise NmtError("constraints need beam search, not --sampling")
             ordered = (self.cfg.guided.constraints or "ordered") == "ordered"
             constraints = ConstraintSet.from_lists([g.phrases for g in guides], ordered, self.device)
         return generate(self.decoder, src_tokens, self.cfg.decode, self.models.max_target_positions, self.generator,
