@@ -380,3 +380,23 @@ def test_fairseq_interactive_on_the_export_gives_nmts_hypotheses(run_dir, fairse
     for i, r in enumerate(ours):
         if " ".join(r["tokens"][:-1]) == hypotheses[i][1]:  # fairseq prints scores in base 2
             assert hypotheses[i][0] == pytest.approx(r["score"] / 0.6931471805599453, abs=1e-3)
+
+
+@ct2_installed
+def test_ctranslate2_engine_with_a_maximum_output_length_of_0_gives_what_nmt_gives(run_dir, tmp_path):
+    """Empty outputs (</s> alone, with its score), where CTranslate2 itself refuses a maximum of 0."""
+    text = "the dog runs\n\na red ball\n"
+    flags = ("--max-len-a", "0", "--max-len-b", "0", "--min-len", "0", "--device", "cpu", "--threads", "1", "--quiet")
+    path = str(run_dir / "checkpoint_best.pt")
+    for fmt in ("text", "jsonl"):
+        ours = nmt("translate", "--path", path, *flags, "--output-format", fmt, input=text)
+        theirs = nmt("translate", "--engine", "ctranslate2", "--path", path, *flags, "--output-format", fmt, input=text)
+        assert theirs.exit_code == 0, theirs.output
+        if fmt == "text":
+            assert theirs.output == ours.output == "\n\n\n"
+            continue
+        for a, b in zip(jsonl(ours), jsonl(theirs), strict=True):
+            assert (b["ids"], b["hyp"]) == (a["ids"], a["hyp"])
+            assert b["positional_scores"] == pytest.approx(a["positional_scores"], abs=1e-4)
+            assert (b["score"] is None) == (a["score"] is None)
+            assert b["score"] is None or b["score"] == pytest.approx(a["score"], abs=1e-4)

@@ -147,10 +147,13 @@ class CTranslate2Engine:
             options.update(sampling_topk=d.sampling_topk if d.sampling_topk > 0 else 0,
                            sampling_topp=d.sampling_topp if d.sampling_topp > 0 else 1.0,
                            sampling_temperature=d.temperature)
-        results = self.translator.translate_batch(sources, **options)
-        hypotheses = [[self._hypothesis(tokens, score) for tokens, score in zip(r.hypotheses, r.scores)]
-                      for r in results]
-        if self.with_positional_scores:
+        if limit == 0:  # CTranslate2 refuses a maximum of 0; the output is </s> alone, as nmt's search gives
+            hypotheses = [[Hypothesis(tokens=[EOS_ID], score=0.0, positional_scores=[])] for _ in sources]
+        else:
+            results = self.translator.translate_batch(sources, **options)
+            hypotheses = [[self._hypothesis(tokens, score) for tokens, score in zip(r.hypotheses, r.scores)]
+                          for r in results]
+        if self.with_positional_scores or limit == 0:  # the </s> alone is scored here
             self._add_positional_scores(sources, hypotheses)
         return hypotheses
 
