@@ -444,36 +444,31 @@ def test_the_guided_decoding_benchmark_times_every_feature_against_plain_search(
         assert rows[name][4] == "phrases in output: 6/6"
 
 
-@pytest.mark.parametrize("fmt, source", [("ids", "2"), ("bpe", "</s>")])
-def test_cli_source_of_only_eos_is_a_blank_line(run_dir, fmt, source):
-    args = ("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", fmt)
+def test_cli_ids_source_of_only_eos_is_a_blank_line(run_dir):
+    args = ("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", "ids")
     for guide in (("--print-alignment",), ("--replace-unk", "--unk-penalty", "-15"), ()):
-        result = nmt(*args, *guide, input=f"{source}\n\n")
+        result = nmt(*args, *guide, input="2\n\n")
         assert result.exit_code == 0 and result.output == nmt(*args, *guide, input="\n\n").output == "\n\n"
     # A final </s> is the one the source gets anyway.
-    with_eos = nmt(*args, "--output-format", "bpe", input="5 6 2\n" if fmt == "ids" else "the dog </s>\n")
-    assert with_eos.output == nmt(*args, "--output-format", "bpe", input="5 6\n" if fmt == "ids" else "the dog\n").output
+    with_eos = nmt(*args, "--output-format", "bpe", input="5 6 2\n")
+    assert with_eos.output == nmt(*args, "--output-format", "bpe", input="5 6\n").output
 
 
-@pytest.mark.parametrize("fmt, source, symbol", [
-    ("ids", "5 2 6", "</s> but as its last token"), ("ids", "5 1 6", "<pad>"), ("ids", "0 5", "<s>"),
-    ("bpe", "▁the </s> ▁dog", "</s> but as its last token"), ("bpe", "<pad> ▁the", "<pad>"), ("bpe", "▁the <s>", "<s>"),
-])
-def test_cli_source_with_special_symbols_is_one_error_line(run_dir, fmt, source, symbol):
-    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", fmt, "--print-alignment",
+@pytest.mark.parametrize("source, symbol", [("5 2 6", "</s> but as its last token"), ("5 1 6", "<pad>"),
+                                            ("0 5", "<s>")])
+def test_cli_ids_source_with_special_ids_is_one_error_line(run_dir, source, symbol):
+    """(In bpe input these are text, read as <unk> as in training data: test_translate.py.)"""
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", "ids", "--print-alignment",
                  input=f"5\n{source}\n")
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert result.output.splitlines()[-1] == f"error: the source may not hold {symbol} at <stdin>:2"
 
 
-@pytest.mark.parametrize("fmt, guide, symbol", [
-    ("bpe", "▁the </s> ▁dog", "</s>"), ("bpe", "<pad> ▁the", "<pad>"), ("bpe", "<s> ▁the", "<s>"),
-    ("ids", "5 2 6", "</s>"), ("ids", "5 2", "</s>"), ("ids", "1 5", "<pad>"), ("ids", "0", "<s>"),
-])
+@pytest.mark.parametrize("guide, symbol", [("5 2 6", "</s>"), ("5 2", "</s>"), ("1 5", "<pad>"), ("0", "<s>")])
 @pytest.mark.parametrize("kind", ["prefix", "constraint"])
-def test_cli_prefix_or_constraint_with_special_symbols_is_one_error_line(run_dir, tmp_path, fmt, guide, symbol, kind):
-    source = "5 6" if fmt == "ids" else "▁the ▁dog"
-    args = ["--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", fmt]
+def test_cli_ids_prefix_or_constraint_with_special_ids_is_one_error_line(run_dir, tmp_path, guide, symbol, kind):
+    source = "5 6"
+    args = ["--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", "ids"]
     if kind == "prefix":
         (tmp_path / "prefix.txt").write_text(f"\n{guide}\n", encoding="utf-8")
         args += ["--prefix-file", str(tmp_path / "prefix.txt")]
@@ -484,6 +479,23 @@ def test_cli_prefix_or_constraint_with_special_symbols_is_one_error_line(run_dir
     result = nmt(*args, input=text)
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert result.output.splitlines()[-1] == f"error: a {kind} may not hold {symbol} at <stdin>:2"
+
+
+@pytest.mark.parametrize("kind", ["prefix", "constraint"])
+def test_cli_bpe_prefix_or_constraint_spelling_a_special_takes_it_as_unk(run_dir, tmp_path, kind):
+    """Text, as in training data: `</s>` in a prefix ended the output there, `<pad>` was dropped."""
+    args = ["--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--input-format", "bpe", "--output-format", "bpe"]
+    guide = "▁the </s> <pad> ▁dog"
+    if kind == "prefix":
+        (tmp_path / "prefix.txt").write_text(f"{guide}\n", encoding="utf-8")
+        args += ["--prefix-file", str(tmp_path / "prefix.txt")]
+        text = "▁the ▁dog\n"
+    else:
+        args += ["--constraints", "ordered"]
+        text = f"▁the ▁dog\t{guide}\n"
+    result = nmt(*args, input=text)
+    assert result.exit_code == 0, result.output
+    assert "▁the <unk> <unk> ▁dog" in result.output and (kind != "prefix" or result.output.startswith("▁the <unk>"))
 
 
 def test_cli_constraints_longer_than_the_target_positions_are_one_error_line(run_dir):

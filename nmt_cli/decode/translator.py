@@ -184,13 +184,13 @@ class Translator:
         if self.cfg.input_format == "raw":
             pieces = self.text.source.encode(line.text)
             ids = self.models.src_dict.encode(pieces, append_eos=False)
-        elif self.cfg.input_format == "bpe":
+        elif self.cfg.input_format == "bpe":  # text: a piece spelt </s> is <unk>, as in training data
             pieces = line.text.split()
-            ids = without_specials(self.models.src_dict.encode(pieces, append_eos=False), "the source", True, at)
+            ids = self.models.src_dict.encode(pieces, append_eos=False)
         else:
             ids = without_specials(self._parse_ids(line, source_name), "the source", True, at)
             pieces = self.models.src_dict.decode(ids)
-        if not ids:  # nothing but </s>: as a blank line
+        if not ids:  # ids of nothing but </s>: as a blank line
             return None
         ids = self._fit(ids + [EOS_ID], line, source_name)
         return pieces[: len(ids) - 1], ids
@@ -310,20 +310,20 @@ class Translator:
         return GuideIds(prefix, phrases, reference)
 
     def _target_ids(self, text: str, what: str, at: str) -> list[int]:
-        """`what`'s target ids; a reference may end in </s> (dropped: it gets one anyway)."""
+        """`what`'s target ids; ids of a reference may end in </s> (dropped: it gets one anyway).
+        Text (raw or bpe) spelling `<s>`, `<pad>` or `</s>` gives `<unk>` (Dictionary.encode)."""
         if self.cfg.input_format == "raw":
-            ids = self.models.tgt_dict.encode(self.text.target.encode(text), append_eos=False)
-        elif self.cfg.input_format == "bpe":
-            ids = self.models.tgt_dict.encode(text.split(), append_eos=False)
-        else:
-            try:
-                ids = [int(field) for field in text.split()]
-            except ValueError:
-                raise NmtError(f"--input-format ids: {what} is not a list of integers at {at}") from None
-            bad = [i for i in ids if not 0 <= i < len(self.models.tgt_dict)]
-            if bad:
-                raise NmtError(f"--input-format ids: {what} id {bad[0]} is outside the target dictionary "
-                               f"(0..{len(self.models.tgt_dict) - 1}) at {at}")
+            return self.models.tgt_dict.encode(self.text.target.encode(text), append_eos=False)
+        if self.cfg.input_format == "bpe":
+            return self.models.tgt_dict.encode(text.split(), append_eos=False)
+        try:
+            ids = [int(field) for field in text.split()]
+        except ValueError:
+            raise NmtError(f"--input-format ids: {what} is not a list of integers at {at}") from None
+        bad = [i for i in ids if not 0 <= i < len(self.models.tgt_dict)]
+        if bad:
+            raise NmtError(f"--input-format ids: {what} id {bad[0]} is outside the target dictionary "
+                           f"(0..{len(self.models.tgt_dict) - 1}) at {at}")
         return without_specials(ids, what, what == "the reference", at)
 
     def _guided_search(self, src_tokens: torch.Tensor, guides: list["GuideIds"]) -> list[list[Hypothesis]]:
