@@ -6,7 +6,9 @@ thread with its own keep-alive http.client connection, taking the next sentence 
 --count sentences are done or --max-seconds have passed). It prints, per level,
 sentences/s and p50/p95/p99 latency, and its ratio to `nmt translate` on the same
 sentences as one batch job (its start-up, timed on one line, left out), and that job in
-chunks of --ceiling lines (single-sentence clients can batch no more than their number). Then an overload
+chunks of --ceiling lines (single-sentence clients can batch no more than their number),
+also in chunks of lines whose outputs are alike in length (no chunk ends with one long
+sentence decoding alone: the most that refilling a batch's finished places could gain). Then an overload
 run: a second server with a tiny --queue-size under the most clients, counting 503
 answers (with Retry-After) and checking that the server still answers afterwards.
 Every translation the server gave must be the batch job's line for that sentence.
@@ -217,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {len(sentences)} sentences, beam {args.beam}, {args.threads} thread(s), --engine {args.engine}; server "
           f"--max-batch-tokens {args.max_batch_tokens} --max-wait-ms {args.max_wait_ms:g}")
     ratios: dict[int, list[float]] = {clients: [] for clients in levels}
+    chunk_ratios: dict[str, list[float]] = {"": [], ", outputs alike in length": []}
     server = None
     try:
         for round_number in range(1, args.rounds + 1):
@@ -227,9 +230,14 @@ def main(argv: list[str] | None = None) -> None:
             if args.ceiling:
                 # C clients with one sentence each put at most C sentences in a batch: the same job in
                 # chunks of C input lines (each sorted and translated as one batch) bounds the server.
-                rate, _ = batch_job(args, sentences, "--buffer-size", str(args.ceiling))
-                print(result_line(f"nmt translate --buffer-size {args.ceiling}", {
-                    "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x"}), flush=True)
+                # In chunks of lines whose outputs are alike in length, no chunk's last steps run one long
+                # sentence alone: the bound of batching that would refill a finished sentence's place at once.
+                by_length = sorted(range(len(sentences)), key=lambda i: len(expected[i].split()))
+                for name, lines in (("", sentences), (", outputs alike in length", [sentences[i] for i in by_length])):
+                    rate, _ = batch_job(args, lines, "--buffer-size", str(args.ceiling))
+                    chunk_ratios[name].append(rate / batch_rate)
+                    print(result_line(f"nmt translate --buffer-size {args.ceiling}{name}", {
+                        "sentences/s": f"{rate:.1f}", "ratio to batch": f"{rate / batch_rate:.2f}x"}), flush=True)
             if server is None:  # started once, after the first job: it idles while the later ones run
                 server = Server(args)
             for clients in levels:
@@ -238,10 +246,12 @@ def main(argv: list[str] | None = None) -> None:
         if server is not None:
             server.stop()
     if args.rounds > 1:
-        for clients in levels:
-            print(result_line(f"median of {args.rounds} rounds, {clients} client(s)", {
-                "ratio to batch": f"{statistics.median(ratios[clients]):.2f}x",
-                "rounds": " ".join(f"{ratio:.2f}x" for ratio in ratios[clients])}))
+        medians = [(f"{clients} client(s)", ratios[clients]) for clients in levels]
+        if args.ceiling:
+            medians += [(f"--buffer-size {args.ceiling}{name}", chunk) for name, chunk in chunk_ratios.items()]
+        for name, each in medians:
+            print(result_line(f"median of {args.rounds} rounds, {name}", {
+                "ratio to batch": f"{statistics.median(each):.2f}x", "rounds": " ".join(f"{r:.2f}x" for r in each)}))
     if args.overload_queue > 0:
         clients = max(levels)
         server = Server(args, "--queue-size", str(args.overload_queue), "--max-sentences", "1")

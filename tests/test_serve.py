@@ -608,7 +608,7 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run(
         [sys.executable, str(root / "benchmarks" / "serve_load.py"), str(run_dir), "--input", str(source),
-         "--clients", "1,4", "--count", "8", "--max-seconds", "30", "--beam", "2", "--ceiling", "0",
+         "--clients", "1,4", "--count", "8", "--max-seconds", "30", "--beam", "2", "--ceiling", "4",
          "--overload-queue", "0", "--rounds", "2"], capture_output=True, text=True, timeout=240)  # overload: the queue-full test
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -626,6 +626,11 @@ def test_the_load_generator_runs_and_its_ratios_are_its_lines_quotients(run_dir,
             assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
             assert "8 answered   0 differing from batch   0 errors" in line, lines
             printed[clients].append(ratio)
+        for name in ("nmt translate --buffer-size 4 ", "nmt translate --buffer-size 4, outputs alike in length "):
+            fields = next(line for line in round_lines if line.startswith(name))[len(name):].split()
+            rate, ratio = float(fields[0]), float(fields[2].rstrip("x"))
+            assert ratio == pytest.approx(rate / batch, abs=0.006 + 0.05 / batch + 0.05 * rate / batch**2), lines
+    assert any(line.startswith("median of 2 rounds, --buffer-size 4, outputs alike in length") for line in lines)
     for clients in (1, 4):  # the median of two rounds is their mean (of the unrounded ratios)
         line = next(line for line in lines if line.startswith(f"median of 2 rounds, {clients} client(s)"))
         median, *each = (float(field.rstrip("x")) for field in line.split() if field.endswith("x"))
