@@ -267,8 +267,8 @@ def launch_env(**launch: str) -> dict[str, str]:
     return {**env, "MASTER_ADDR": "127.0.0.1", **launch}
 
 
-def test_a_rank_waiting_for_its_peers_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_path: Path, data_bin: Path) -> None:
-    """torch waits for the other ranks in C++, which retried through both signals (and printed
+def test_a_rank_waiting_for_rank_0_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_path: Path, data_bin: Path) -> None:
+    """torch waits for rank 0's store in C++, which retried through both signals (and printed
     a C++ stack at each): a rank started before rank 0 could only be killed."""
     ranks = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -282,8 +282,7 @@ def test_a_rank_waiting_for_its_peers_says_so_and_stops_at_ctrl_c_or_sigterm(tmp
     try:
         for sig, rank in ranks.items():
             notice = rank.stderr.readline()  # after WAIT_NOTICE_SECONDS
-            assert notice.startswith("rank 1 of 2: waiting for the other processes at MASTER_ADDR:MASTER_PORT "
-                                     "127.0.0.1:"), notice
+            assert notice.startswith("rank 1 of 2: waiting for rank 0 at MASTER_ADDR:MASTER_PORT 127.0.0.1:"), notice
             rank.send_signal(sig)
             rest = rank.stderr.read()
             assert rank.wait(timeout=60) == 128 + sig, rest

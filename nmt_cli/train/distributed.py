@@ -8,9 +8,8 @@ CPU). A plain `nmt train` is a world of one and touches no process group.
 from __future__ import annotations
 
 import os
-import signal
+import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,7 +21,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.machine import check_cuda_device, default_device
 
 
-# After this long without every rank, each waiting rank says what it waits for.
+# After this long without rank 0, a waiting rank says what it waits for.
 WAIT_NOTICE_SECONDS = 10.0
 
 
@@ -94,42 +93,45 @@ def setup(device: str) -> DistInfo:
 
 def join_process_group(rank: int, world_size: int, device: torch.device) -> None:
     """Make the default process group (NCCL on GPU, gloo on CPU), waiting up to 30 minutes
-    for every rank to join.
+    for every rank to join."""
+    timeout = timedelta(minutes=30)
+    if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        wait_for_store(rank, world_size, timeout)
+    try:
+        if device.type == "cuda":
+            dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=device)
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+    except dist.DistError as error:
+        raise _launch_error(error, rank, world_size) from None
 
-    torch waits for its peers in C++, which retries through signals: a rank waiting for
-    the others took neither Ctrl-C nor SIGTERM, and printed a C++ stack at each. The wait
-    runs in a thread that blocks both, and this thread waits for it in short joins,
-    between which Python's signal handlers run: a signal ends the wait, and the process.
-    Left waiting, the thread keeps no one from exiting (a daemon).
+
+def wait_for_store(rank: int, world_size: int, timeout: timedelta) -> None:
+    """Wait until MASTER_ADDR:MASTER_PORT takes connections: rank 0's store, or torchrun's.
+
+    torch's own wait for it retries in C++ through signals: a rank started before rank 0
+    took neither Ctrl-C nor SIGTERM, and printed a C++ stack at each. Waited for here,
+    in Python, a signal ends the wait; torch then connects at once. (Once connected,
+    torch's wait for the other ranks is its own again.)
     """
-    failure: list[BaseException] = []
-
-    def join() -> None:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    started = time.monotonic()
+    noticed = False
+    while True:
         try:
-            timeout = timedelta(minutes=30)
-            if device.type == "cuda":
-                torch.cuda.set_device(device)  # the current device is per thread
-                dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=device)
-            else:
-                dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
-        except BaseException as error:  # raised again in the calling thread
-            failure.append(error)
-
-    waiting = threading.Thread(target=join, name="process-group", daemon=True)
-    waiting.start()
-    notice_at = time.monotonic() + WAIT_NOTICE_SECONDS
-    while waiting.is_alive():
-        # Short joins: a signal delivered to another thread is handled at the next one.
-        waiting.join(0.2)
-        if notice_at is not None and time.monotonic() > notice_at and waiting.is_alive():
-            notice_at = None  # a silent half hour would look like a hang
-            print(f"rank {rank} of {world_size}: waiting for the other processes at MASTER_ADDR:MASTER_PORT "
-                  f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} (for up to 30 minutes)",
-                  file=sys.stderr, flush=True)
-    if failure:
-        error = failure[0]
-        raise (_launch_error(error, rank, world_size) if isinstance(error, dist.DistError) else error) from None
+            socket.create_connection(address, timeout=5).close()
+            return
+        except OSError as error:
+            waited = time.monotonic() - started
+            if waited > timeout.total_seconds():
+                raise NmtError(f"rank {rank} of {world_size}: nothing listens at MASTER_ADDR:MASTER_PORT "
+                               f"{address[0]}:{address[1]} after {waited / 60:.0f} minutes "
+                               f"({error.strerror or error}); is rank 0 running?") from None
+            if waited > WAIT_NOTICE_SECONDS and not noticed:  # a silent half hour would look like a hang
+                noticed = True
+                print(f"rank {rank} of {world_size}: waiting for rank 0 at MASTER_ADDR:MASTER_PORT "
+                      f"{address[0]}:{address[1]} (for up to 30 minutes)", file=sys.stderr, flush=True)
+            time.sleep(0.5)
 
 
 def _launch_error(error: dist.DistError, rank: int, world_size: int) -> NmtError:
