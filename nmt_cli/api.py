@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from nmt_cli.checkpoints.names import resolve_checkpoint
 from nmt_cli.config import DecodeConfig, TranslateConfig
+from nmt_cli.json_text import lone_surrogate_at
 
 if TYPE_CHECKING:  # torch is imported when a model is loaded, not with nmt_cli
     from nmt_cli.decode.translator import Translation, Translator
@@ -69,11 +70,10 @@ def check_texts(texts: Any) -> list[str]:
             raise TypeError(f"texts item {number} is {type(text).__name__}, not str")
         if "\n" in text or "\r" in text:
             raise ValueError(f"texts item {number} has a line break; pass one sentence per item")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as error:  # a lone surrogate ("\ud800"), which no tokenizer takes
-            raise ValueError(f"texts item {number} is not valid Unicode (character {error.start + 1} is a lone "
-                             "surrogate)") from None
+        surrogate = lone_surrogate_at(text)
+        if surrogate is not None:
+            raise ValueError(f"texts item {number} is not valid Unicode (character {surrogate + 1} is a lone "
+                             "surrogate)")
     return list(texts)
 
 

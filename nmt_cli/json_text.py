@@ -27,3 +27,13 @@ def json_object(raw: bytes, place: str, holds: str | None = None) -> dict[str, A
     if not isinstance(value, dict):
         raise NmtError(f"{place}: not a JSON object (it holds {JSON_NAMES[type(value)]}){so_not}")
     return value
+
+
+def lone_surrogate_at(text: str) -> int | None:
+    """The index of the first lone surrogate in `text` (what JSON's "\\ud800" escapes give,
+    which is no character: no UTF-8, no tokenizer takes it), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return error.start
+    return None

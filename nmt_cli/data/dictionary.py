@@ -18,8 +18,6 @@ from nmt_cli.errors import NmtError, where
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIALS = (BOS, PAD, EOS, UNK)
-# Specials that text must not produce: their ids start, pad and end sentences.
-CONTROL_SYMBOLS = frozenset({BOS, PAD, EOS})
 OVERWRITE_FLAG = "#fairseq:overwrite"
 
 
@@ -70,6 +68,9 @@ class Dictionary:
         self.symbols: list[str] = list(SPECIALS)
         self.counts: list[int] = [1] * len(SPECIALS)
         self.index: dict[str, int] = {s: i for i, s in enumerate(SPECIALS)}
+        # What a token of text maps to: the index without the specials that start, pad and end
+        # sentences (kept apart so that `encode` looks each token up once).
+        self._text_index: dict[str, int] = {UNK: UNK_ID}
         counts = counts if counts is not None else [1] * len(symbols)
         for symbol, count in zip(symbols, counts, strict=True):
             self.add_symbol(symbol, count)
@@ -95,7 +96,7 @@ class Dictionary:
             idx = self.index[symbol]
             self.counts[idx] += count
             return idx
-        self.index[symbol] = len(self.symbols)
+        self.index[symbol] = self._text_index[symbol] = len(self.symbols)
         self.symbols.append(symbol)
         self.counts.append(count)
         return self.index[symbol]
@@ -106,7 +107,7 @@ class Dictionary:
         A token `<s>`, `<pad>` or `</s>` of the text is `<unk>` too: as its special id it
         would end the sentence there (`</s>`) or be masked out as padding (`<pad>`).
         """
-        ids = [UNK_ID if t in CONTROL_SYMBOLS else self.index.get(t, UNK_ID) for t in tokens]
+        ids = [self._text_index.get(t, UNK_ID) for t in tokens]
         if append_eos:
             ids.append(EOS_ID)
         return ids

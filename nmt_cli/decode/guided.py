@@ -21,6 +21,7 @@ from typing import BinaryIO
 from nmt_cli.config import GuidedConfig
 from nmt_cli.decode.lines import InputLine, read_lines
 from nmt_cli.errors import NmtError, where
+from nmt_cli.json_text import lone_surrogate_at
 from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
@@ -75,18 +76,10 @@ def _parse_json(line: InputLine, source_name: str) -> GuidedLine:
     # JSON's \ud800-style escapes can give lone surrogates, which are no text (nor UTF-8).
     for key, values in (("text", [record["text"]]), ("prefix", [record.get("prefix") or ""]),
                         ("constraints", constraints), ("reference", [record.get("reference") or ""])):
-        if any(_has_lone_surrogate(value) for value in values):
+        if any(lone_surrogate_at(value) is not None for value in values):
             raise NmtError(f"--json-input: \"{key}\" holds a lone surrogate escape (not text) at {at}")
     return GuidedLine(record["text"], record.get("prefix") or None, tuple(c for c in constraints if c.strip()),
                       record.get("reference"))
-
-
-def _has_lone_surrogate(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
 
 
 def with_side_file(lines: Iterator[InputLine], side: BinaryIO, side_name: str, field: str,

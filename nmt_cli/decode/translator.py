@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from nmt_cli.config import DecodeConfig, TranslateConfig
-from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID
 from nmt_cli.decode.constraints import ConstraintSet
 from nmt_cli.decode.fixed_search import FixedSearch
 from nmt_cli.decode.fixed_search import supports as supports_fixed_search
@@ -99,9 +99,8 @@ def without_specials(ids: list[int], what: str, final_eos: bool, at: str) -> lis
         ids = ids[:-1]
     for special in (PAD_ID, BOS_ID, EOS_ID):
         if special in ids:
-            symbol = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>"}[special]
             last = " but as its last token" if final_eos and special == EOS_ID else ""
-            raise NmtError(f"{what} may not hold {symbol}{last} at {at}")
+            raise NmtError(f"{what} may not hold {SPECIALS[special]}{last} at {at}")  # SPECIALS: in id order
     return ids
 
 
