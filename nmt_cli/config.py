@@ -1475,8 +1475,10 @@ class TrainConfig:
                                f"(got {json.dumps(value)})")
         return given
 
-    def eval_bleu_search(self) -> DecodeConfig:
-        """The beam search of --eval-bleu: its flags, or fairseq's --eval-bleu-args JSON."""
+    def eval_bleu_search(self, given_flags: frozenset[str] = frozenset()) -> DecodeConfig:
+        """The beam search of --eval-bleu: its flags, or fairseq's --eval-bleu-args JSON.
+        A flag in `given_flags` (field names: given on the command line) contradicts the JSON
+        even at its default value."""
         values = {key: getattr(self, name) for key, name in EVAL_BLEU_ARGS.items()}
         if self.eval_bleu_args is not None:
             try:
@@ -1496,7 +1498,7 @@ class TrainConfig:
                 if isinstance(value, bool) or not isinstance(value, expected):
                     raise NmtError(f"--eval-bleu-args: {key} must be a number (got {json.dumps(value)})")
                 flag_value = getattr(self, name)
-                if flag_value != defaults[name] and flag_value != value:
+                if (flag_value != defaults[name] or name in given_flags) and flag_value != value:
                     raise NmtError(f"--eval-bleu-args gives {key} {value} but --{name.replace('_', '-')} is "
                                    f"{flag_value}; give one of them")
                 values[key] = value

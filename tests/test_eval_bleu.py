@@ -285,6 +285,7 @@ def test_tokenized_bleu_scores_the_tokenized_text_as_fairseq(tmp_path, corpus):
     (["--eval-bleu-args", '{"sampling": true}'], "sampling not supported"),
     (["--eval-bleu-args", "{beam: 5}"], "is not JSON"),
     (["--eval-bleu-beam", "3", "--eval-bleu-args", '{"beam": 4}'], "give one of them"),
+    (["--eval-bleu-beam", "5", "--eval-bleu-args", '{"beam": 4}'], "--eval-bleu-beam is 5"),  # its default, given
     (["--best-checkpoint-metric", "loss", "--maximize-best-checkpoint-metric"], "contradicts"),
 ])
 def test_bad_eval_bleu_flags_are_one_error_line(tmp_path, corpus, flags, fragment):

@@ -31,6 +31,7 @@ def train(**params) -> None:
     # nmt's 4000 is that of inverse_sqrt and noam).
     fixed_default = params["lr_scheduler"] == "fixed" and "warmup_updates" not in given_params()
     cfg = config_from_params(TrainConfig, params, **({"warmup_updates": 0} if fixed_default else {}))
+    cfg.eval_bleu_search(given_params())  # an --eval-bleu-beam 5 given is no default to override
     model_cfg = resolve_config(cfg.arch, overrides_from(params))
     result = run_training(cfg, model_cfg)
     best = f"{result.best_metric:.3f}" if result.best_metric is not None else "n/a"
