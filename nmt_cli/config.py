@@ -330,6 +330,14 @@ class DecodeConfig:
             raise NmtError("give one of --sampling-topk and --sampling-topp, not both")
         check_seed(self.seed)
 
+    def check_fits_score_reference(self) -> None:
+        """--score-reference scores with the model's plain probabilities (teacher forcing):
+        settings that change them or the search are refused."""
+        for flag, given in (("--temperature", self.temperature != 1.0), ("--unk-penalty", self.unk_penalty != 0),
+                            ("--sampling", self.sampling)):
+            if given:
+                raise NmtError(f"--score-reference scores with the model's own probabilities: drop {flag}")
+
 
 # --- guided decoding (nmt translate: prefixes, constraints, alignments, scoring) -------
 
@@ -560,11 +568,8 @@ class TranslateConfig:
         check_cpu_count("--workers", self.workers)
         if self.decode.sampling and self.guided.constraints:
             raise NmtError("--constraints needs beam search, not --sampling")
-        if self.guided.score_reference:  # teacher forcing scores with the model's plain probabilities
-            for flag, given in (("--temperature", self.decode.temperature != 1.0),
-                                ("--unk-penalty", self.decode.unk_penalty != 0), ("--sampling", self.decode.sampling)):
-                if given:
-                    raise NmtError(f"--score-reference scores with the model's own probabilities: drop {flag}")
+        if self.guided.score_reference:
+            self.decode.check_fits_score_reference()
         if self.workers > 1 and self.device != "cpu":
             raise NmtError("--workers needs --device cpu (on a GPU one process batches faster)")
         self._check_device_fits()
@@ -646,6 +651,8 @@ class GenerateConfig:
     def __post_init__(self) -> None:
         check_finite_numbers(self)
         check_choices(self)
+        if self.score_reference:
+            self.decode.check_fits_score_reference()
         if self.print_alignment == "soft" and self.score_reference:
             raise NmtError("--print-alignment soft with --score-reference: fairseq scores references with hard "
                            "alignments only; give --print-alignment (hard)")

@@ -295,6 +295,7 @@ def test_bad_input_is_one_error_line(workspace, tmp_path):
         (["-s", "xx", "-t", "tgt"], ("no language 'xx'",)),
         (["--remove-bpe", "bogus"], ("--remove-bpe must be one of",)),
         (["--print-alignment", "soft", "--score-reference"], ("--print-alignment soft with --score-reference",)),
+        (["--score-reference", "--temperature", "2"], ("own probabilities: drop --temperature",)),
         (["--fp16"], ("--fp16 needs a GPU",)),
     ]
     for args, fragments in cases:
