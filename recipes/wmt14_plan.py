@@ -83,6 +83,11 @@ BATCH_TOLERANCE = 0.10
 # The settings of SMOKE=1: the same stages on a generated corpus, a tiny model, a CPU.
 SMOKE = PaperSettings(2e-3, 0.1, 30, 0.1, 2048, 60, 20, 2, 4, 0.6, 1, 50)
 SMOKE_BPE_SIZE = 600
+# nmt's own limits, checked before the hours of download and preprocessing that precede
+# the stage that would refuse them (the plan imports nothing of nmt; tests keep them equal):
+# `nmt train --precision` choices, and the fewest BPE pieces `nmt preprocess` learns.
+TRAIN_PRECISIONS = ("fp32", "bf16", "fp16", "pure-bf16")
+MIN_BPE_SIZE = 5
 
 
 # ---- measured figures that the estimates rest on ----------------------------------------
@@ -277,9 +282,22 @@ def resolve(env: Mapping[str, str]) -> Recipe:
                         f"(got GPUS={gpus}, NNODES={world.nnodes}, NODE_RANK={world.node_rank})")
     if world.nnodes > 1 and not world.master_addr:
         raise PlanError("NNODES > 1 needs MASTER_ADDR: the address of node rank 0, the same on every node")
+    if not 1 <= world.master_port <= 65535:
+        raise PlanError(f"MASTER_PORT={world.master_port} is not a TCP port (1-65535)")
     batch = plan_batch(settings.tokens_per_update, world.processes,
                        _env_number(env, "MAX_TOKENS", int, None), _env_number(env, "UPDATE_FREQ", int, None))
     precision = env.get("PRECISION", "") or ("bf16" if gpus > 0 else "fp32")
+    if precision not in TRAIN_PRECISIONS:
+        raise PlanError(f"PRECISION={precision!r}: choose one of {', '.join(TRAIN_PRECISIONS)}")
+    bpe_size = SMOKE_BPE_SIZE if smoke else _env_number(env, "BPE_SIZE", int, BPE_SIZE[pair])
+    if bpe_size < MIN_BPE_SIZE:
+        raise PlanError(f"BPE_SIZE must be >= {MIN_BPE_SIZE} (got {bpe_size})")
+    keep_last_epochs = _env_number(env, "KEEP_LAST_EPOCHS", int, 1)
+    if keep_last_epochs < -1 or keep_last_epochs == 0:
+        raise PlanError(f"KEEP_LAST_EPOCHS must be a positive count or -1 for all (got {keep_last_epochs})")
+    workers = _env_number(env, "WORKERS", int, 1)
+    if workers < 1:
+        raise PlanError(f"WORKERS must be >= 1 (got {workers})")
 
     root = Path(env.get("ROOT", "") or ROOT)
     default_work = root / "work" / f"wmt14_{pair.replace('-', '_')}{'_smoke' if smoke else ''}"
@@ -293,10 +311,8 @@ def resolve(env: Mapping[str, str]) -> Recipe:
         wmt14_dir, manifest = str(work / "smoke-archives"), str(work / "smoke-archives" / "corpora.tsv")
     return Recipe(
         pair=pair, arch=arch, smoke=smoke, settings=settings, overridden=frozenset(overridden),
-        bpe_size=SMOKE_BPE_SIZE if smoke else _env_number(env, "BPE_SIZE", int, BPE_SIZE[pair]),
-        world=world, batch=batch, precision=precision,
-        keep_last_epochs=_env_number(env, "KEEP_LAST_EPOCHS", int, 1),
-        workers=_env_number(env, "WORKERS", int, 1),
+        bpe_size=bpe_size, world=world, batch=batch, precision=precision,
+        keep_last_epochs=keep_last_epochs, workers=workers,
         train_flags=_train_flags(env),
         wmt14_dir=wmt14_dir, manifest=manifest, paths=paths,
     )

@@ -98,12 +98,25 @@ def test_settings_are_overridable_and_the_plan_says_so():
     ({"PAIR": "en-de", "TRAIN_FLAGS": '--foo "bar'}, "TRAIN_FLAGS='--foo \"bar' cannot be split into flags"),
     ({"PAIR": "en-de", "NNODES": "2"}, "MASTER_ADDR"),
     ({"PAIR": "en-de", "NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "a"}, "NODE_RANK"),
+    ({"PAIR": "en-de", "MASTER_PORT": "99999"}, "MASTER_PORT=99999 is not a TCP port"),
+    ({"PAIR": "en-de", "BPE_SIZE": "0"}, "BPE_SIZE must be >= 5"),
+    ({"PAIR": "en-de", "PRECISION": "bf61"}, "PRECISION='bf61': choose one of"),
+    ({"PAIR": "en-de", "KEEP_LAST_EPOCHS": "0"}, "KEEP_LAST_EPOCHS must be a positive count"),
+    ({"PAIR": "en-de", "WORKERS": "0"}, "WORKERS must be >= 1"),
 ])
 def test_bad_settings_give_one_error_line(env, message):
     result = run_recipe("wmt14.sh", {"DRY_RUN": "1", "GPUS": "1", **env}, ok=False)
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and message in errors[0], result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_plans_copies_of_nmt_limits_are_nmts():
+    from nmt_cli.config import TRAIN_PRECISIONS
+    from nmt_cli.text.bpe import MIN_VOCAB_SIZE
+
+    assert plan.TRAIN_PRECISIONS == TRAIN_PRECISIONS
+    assert plan.MIN_BPE_SIZE == MIN_VOCAB_SIZE
 
 
 @pytest.mark.parametrize("processes", range(1, 29))
