@@ -400,6 +400,9 @@ CASES = [
          ("no training log", "bin/train_log.jsonl")),
     Case("plot", "an infinite loss", lambda ws: plot(ws, b'{"type": "valid", "update": 3, "loss": Infinity}\n'),
          ("train_log.jsonl:1", "'loss' is inf")),
+    Case("plot", "losses whose range leaves float64's", lambda ws: plot(
+        ws, b'{"type": "train", "update": 1, "loss": -1e308}\n{"type": "train", "update": 2, "loss": 1e308}\n'),
+         ("train_log.jsonl:1", "beyond float32's range")),
     # info
     Case("info", "truncated checkpoint", lambda ws: ["info", "--path", truncate(ws.run_copy() / "checkpoint_best.pt", 500)],
          ("truncated or corrupt", "checkpoint_best.pt")),

@@ -22,6 +22,10 @@ from nmt_cli.json_text import json_object
 from nmt_cli.train.log import LOG_NAME
 
 VALID_METRICS = ("loss", "bleu", "chrf")
+# The largest magnitude a logged number may have: float32's. nmt train computes in float32
+# at most, and beyond it an axis' range (up to twice it) can leave float64's and break
+# matplotlib's ticks.
+LARGEST_LOGGED = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -115,6 +119,9 @@ def _number(record: dict, key: str, path: Path, number: int, required: bool) -> 
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         raise NmtError(f"{where(path, number)}: {record.get('type')} record's {key!r} is {value!r}, not a finite number")
+    if abs(value) > LARGEST_LOGGED:
+        raise NmtError(f"{where(path, number)}: {record.get('type')} record's {key!r} is {value!r}, beyond float32's "
+                       "range: not a value nmt train logs")
     return float(value)
 
 
