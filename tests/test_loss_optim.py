@@ -73,13 +73,12 @@ def test_formula_used_under_torch_compile_matches_reference(monkeypatch) -> None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])  # float32: computed in place
-def test_gradient_matches_autograd_of_direct_formula(monkeypatch, dtype: torch.dtype) -> None:
-    # Small chunks so the chunked loops run several times.
-    monkeypatch.setattr(loss_module, "CPU_CHUNK_ELEMENTS", 23)
+def test_gradient_matches_autograd_of_direct_formula(dtype: torch.dtype) -> None:
     B, T, V, eps = 4, 6, 9, 0.1
     logits = torch.randn(B, T, V, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_(True)
     target = target_with_pads(B, T, V, seed=2)
-    loss, _ = label_smoothed_nll_loss(logits, target, eps, PAD)
+    # Small chunks so the chunked loops run several times.
+    loss, _ = label_smoothed_nll_loss(logits, target, eps, PAD, chunk_elements=23)
     (grad,) = torch.autograd.grad(loss * 0.7, logits)
     assert grad.dtype == dtype
     ref_grad = reference_gradient(logits, target, eps, 0.7)
@@ -104,14 +103,13 @@ def test_bf16_logits_keep_float32_loss() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_gradient_is_the_float32_one_rounded_once(monkeypatch, dtype: torch.dtype) -> None:
-    monkeypatch.setattr(loss_module, "CPU_CHUNK_ELEMENTS", 50)  # several chunks
+def test_low_precision_gradient_is_the_float32_one_rounded_once(dtype: torch.dtype) -> None:
     B, T, V = 3, 7, 40
     logits = (torch.randn(B, T, V, generator=torch.Generator().manual_seed(4)) * 4).to(dtype)
     target = target_with_pads(B, T, V, seed=5)
     grads = []
     for x in (logits.clone().requires_grad_(True), logits.float().requires_grad_(True)):
-        loss, _ = label_smoothed_nll_loss(x, target, 0.1, PAD)
+        loss, _ = label_smoothed_nll_loss(x, target, 0.1, PAD, chunk_elements=50)  # several chunks
         (loss * 0.3).backward()
         grads.append(x.grad)
     assert grads[0].dtype == dtype

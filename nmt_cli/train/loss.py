@@ -43,9 +43,10 @@ CPU_CHUNK_ELEMENTS = 1 << 18
 CHUNK_ELEMENTS = 1 << 26
 
 
-def _rows_per_chunk(logits: torch.Tensor) -> int:
-    elements = CPU_CHUNK_ELEMENTS if logits.device.type == "cpu" else CHUNK_ELEMENTS
-    return max(1, elements // logits.size(-1))
+def _rows_per_chunk(logits: torch.Tensor, chunk_elements: int | None) -> int:
+    if chunk_elements is None:
+        chunk_elements = CPU_CHUNK_ELEMENTS if logits.device.type == "cpu" else CHUNK_ELEMENTS
+    return max(1, chunk_elements // logits.size(-1))
 
 
 def fused_terms(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -129,9 +130,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """Per-row (nll, smooth) terms from logits, with a memory-light backward."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, choice: LossKernels):
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, choice: LossKernels, chunk_elements: int | None):
         # logits (N, V) any float dtype; target (N,) int64
-        ctx.choice = choice
+        ctx.choice, ctx.chunk_elements = choice, chunk_elements
         kernels = fused_kernels(logits, choice)
         terms = _run_fused(kernels[0], logits, target) if kernels is not None else None
         if terms is not None:
@@ -141,7 +142,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         N, V = logits.shape
         nll = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,) -log p[t]
         smooth = torch.empty(N, dtype=torch.float32, device=logits.device)  # (N,) -sum_v log p[v]
-        step = _rows_per_chunk(logits)
+        step = _rows_per_chunk(logits, chunk_elements)
         for start in range(0, N, step):
             rows = slice(start, start + step)
             log_probs = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V)
@@ -159,11 +160,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         if kernels is not None:
             grad = _run_fused(kernels[1], logits, target, log_z[0], grad_nll, grad_smooth)
             if grad is not None:
-                return grad, None, None
+                return grad, None, None, None
         N, V = logits.shape
         grad = torch.empty_like(logits)
         in_gradient = logits.dtype == torch.float32  # the probabilities are computed in the gradient itself
-        step = _rows_per_chunk(logits)
+        step = _rows_per_chunk(logits, ctx.chunk_elements)
         for start in range(0, N, step):
             rows = slice(start, start + step)
             targets = target[rows].unsqueeze(1)  # (n, 1)
@@ -184,7 +185,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             if not in_gradient:
                 grad[rows] = probs  # one cast to the gradient's dtype
             grad[rows].scatter_(1, targets, at_targets.to(grad.dtype))
-        return grad, None, None
+        return grad, None, None, None
 
 
 def label_smoothed_nll_loss(
@@ -193,11 +194,14 @@ def label_smoothed_nll_loss(
     epsilon: float,
     ignore_index: int,
     kernels: LossKernels = LossKernels.AUTO,
+    chunk_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed loss and summed nll (detached) over non-pad targets.
 
     `logits` (B, T, V) or (N, V), any float dtype; `target` (B, T) or (N,). Both
-    results are float32 scalars, in nats.
+    results are float32 scalars, in nats. The chunked path takes rows of about
+    `chunk_elements` logits at a time (default: the device's, CPU_CHUNK_ELEMENTS or
+    CHUNK_ELEMENTS); tests and benchmarks/loss_speed.py choose others.
     """
     V = logits.size(-1)
     logits = logits.reshape(-1, V)  # (N, V)
@@ -211,7 +215,7 @@ def label_smoothed_nll_loss(
         nll = -log_probs.gather(1, target.unsqueeze(1)).squeeze(1)
         smooth = -log_probs.sum(dim=-1)
     else:
-        nll, smooth = _SmoothedCrossEntropy.apply(logits, target, kernels)
+        nll, smooth = _SmoothedCrossEntropy.apply(logits, target, kernels, chunk_elements)
     mask = (target != ignore_index).float()  # (N,)
     nll, smooth = nll * mask, smooth * mask
     loss = weight_nll * nll.sum() + weight_smooth * smooth.sum()
