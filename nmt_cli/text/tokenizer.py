@@ -37,8 +37,8 @@ _CONTROL_TO_SPACE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0))}
 def required_text(pattern: re.Pattern[str], replacement: str) -> str:
     """A substring of every line that `pattern.sub(replacement, line)` can change ("" if none is known).
 
-    Most normalization and tokenization rules rarely apply, yet each `sub` costs microseconds
-    even without a match; a substring test first (a few tens of ns) skips them. The text is the
+    Most normalization and tokenization rules rarely apply, yet each `sub` runs its regex
+    over the line even without a match; a substring test first, far cheaper, skips them. The text is the
     longest run of plain characters at the top level of the pattern, which every match contains.
     """
     if pattern.flags & re.IGNORECASE:
