@@ -289,6 +289,22 @@ def test_both_dictionary_readers_split_lines_as_fairseq_does(tmp_path):
     assert read_fairseq_dictionary(path) == Dictionary.load(path).symbols == expected
 
 
+def test_a_dictionary_of_symbols_holding_unicode_line_separators_round_trips(tmp_path):
+    """fairseq's readlines ends lines at \\n, \\r\\n and \\r only: \\u2028, \\x0c, \\x1c and
+    \\x85 are inside symbols, not line ends."""
+    symbols = ["a\u2028b", "c\x0cd", "e\x1cf", "g\x85h", "i\u2029j", "k\x0bl"]
+    Dictionary(symbols, [6, 5, 4, 3, 2, 1]).save(tmp_path / "dict.de.txt")
+    loaded = Dictionary.load(tmp_path / "dict.de.txt")
+    assert loaded.symbols[loaded.nspecial:] == symbols and loaded.counts[loaded.nspecial:] == [6, 5, 4, 3, 2, 1]
+    assert read_fairseq_dictionary(tmp_path / "dict.de.txt")[4:] == symbols
+
+
+def test_dictionary_lines_end_at_crlf_and_a_lone_cr_as_in_fairseq(tmp_path):
+    path = tmp_path / "dict.de.txt"
+    path.write_bytes(b"the 3\r\nHaus 2\rBaum 1")
+    assert Dictionary.load(path).symbols[4:] == read_fairseq_dictionary(path)[4:] == ["the", "Haus", "Baum"]
+
+
 @pytest.mark.parametrize("line", ["w1", "w1 5x", "w1 --5", "w1 \u00b2"])
 def test_a_dictionary_line_without_a_count_is_one_error_naming_it(tmp_path, line):
     path = tmp_path / "dict.de.txt"

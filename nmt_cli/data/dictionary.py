@@ -32,15 +32,20 @@ class DictLine:
 
 
 def read_dict_lines(path: Path) -> list[DictLine]:
-    """The lines of a `dict.txt`, split as fairseq's `Dictionary.add_from_file` splits them
-    (the count is the last space-separated field, so a symbol may hold spaces); a missing
-    file, invalid UTF-8 or a line without a count is an NmtError naming it."""
+    """The lines of a `dict.txt`, read and split as fairseq's `Dictionary.add_from_file` does:
+    lines end at `\\n`, `\\r\\n` or a lone `\\r` (the universal newlines of its text-mode
+    `readlines`), never at the other separators `str.splitlines` honours, so a symbol may hold
+    `\\u2028` or `\\x0c`; the count is the last space-separated field, so a symbol may hold spaces.
+    A missing file, invalid UTF-8 or a line without a count is an NmtError naming it."""
     if not path.is_file():
         raise NmtError(f"dictionary not found: {path}")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")  # text mode: \r\n and \r arrive as \n
     except UnicodeDecodeError as e:
         raise NmtError(f"dictionary is not valid UTF-8: {path} (byte {e.start})") from None
+    lines = text.split("\n")
+    if lines[-1] == "":  # the final newline ends the last line; it does not start another
+        lines.pop()
     entries = []
     for lineno, line in enumerate(lines, start=1):
         fields = line.rstrip().rsplit(" ", 1)
