@@ -31,6 +31,8 @@ def recorded_in_meta(*keys: str) -> Callable[[Path], Any]:
     """What a directory's meta.json records at `keys` (e.g. "imported_from", "fingerprint");
     None when there is no such value."""
     def recorded(directory: Path) -> Any:
+        # Not read_meta: a damaged or foreign meta.json is no error here, only not this output,
+        # which check_destination refuses to replace without --force.
         try:
             value = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):

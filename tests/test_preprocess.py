@@ -163,6 +163,15 @@ def test_destdir_with_a_foreign_meta_json_is_refused(corpus: Path, meta: bytes) 
     assert (corpus / "data-bin" / "meta.json").read_bytes() == meta
 
 
+def test_an_up_to_date_destdir_whose_meta_json_has_a_bad_field_is_one_error(corpus: Path) -> None:
+    cfg = config(corpus)
+    run(cfg)
+    path = corpus / "data-bin" / "meta.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "source_lang": ["en"]}), encoding="utf-8")
+    with pytest.raises(NmtError, match=r"meta\.json: field source_lang is \["):
+        run(cfg)
+
+
 def test_failed_run_leaves_no_destdir(corpus: Path) -> None:
     Path(f"{corpus / 'test'}.de").write_bytes(b"ok\n" * 29 + b"\xc3\x28\n")
     with pytest.raises(NmtError, match=r"test\.de:30"):

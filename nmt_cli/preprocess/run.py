@@ -24,6 +24,7 @@ from pathlib import Path
 from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
+from nmt_cli.data.meta import read_meta
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import usable_cpus
 from nmt_cli.preprocess.clean import CleanSettings
@@ -123,8 +124,7 @@ def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: Sta
     line_counts = count_pairs(cfg, splits)
     print_id = dataset_fingerprint(cfg, splits)
     if check_destination(cfg.destdir, "--destdir", print_id, cfg.force):
-        meta = json.loads((cfg.destdir / "meta.json").read_text(encoding="utf-8"))
-        return PreprocessResult(meta, reporter.elapsed(), up_to_date=True)
+        return PreprocessResult(read_meta(cfg.destdir), reporter.elapsed(), up_to_date=True)
 
     def write(staging: Path) -> dict:
         meta = build_data_bin(cfg, splits, line_counts, staging, reporter)
