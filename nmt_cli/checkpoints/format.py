@@ -22,6 +22,7 @@ from torch import nn
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.field_types import has_type
 from nmt_cli.models.registry import build_model
 from nmt_cli.models.transformer import Transformer
 from nmt_cli.staging import fsync_path, replace_atomically
@@ -160,7 +161,7 @@ def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | t
         raise NmtError(f"checkpoint {path}: 'model' is not a dict of weights")
     check_weight_types(state["model"], path)
     for key, allowed in OPTIONAL_FIELDS.items():
-        if key in state and not _has_type(state[key], allowed):
+        if key in state and not has_type(state[key], allowed):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             raise NmtError(f"checkpoint {path}: {key!r} is a {type(state[key]).__name__}, not {names}")
     for key in ("src_dict", "tgt_dict"):
@@ -171,13 +172,6 @@ def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | t
     except NmtError as error:
         raise NmtError(f"checkpoint {path}: {error}") from None
     return state
-
-
-def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
-    """Whether `value` is of one of the `allowed` types; a bool is not a number here."""
-    if isinstance(value, bool):
-        return bool in allowed
-    return isinstance(value, allowed)
 
 
 def check_weight_types(weights: dict, source: str | os.PathLike) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.errors import NmtError
+from nmt_cli.field_types import has_type
 from nmt_cli.json_text import JSON_NAMES, json_object
 
 NONE = type(None)
@@ -54,14 +55,8 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
 
 def _check_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]], path: Path, prefix: str) -> None:
     for name, allowed in fields.items():
-        if name in values and not _has_type(values[name], allowed):
+        if name in values and not has_type(values[name], allowed):
             expected = " or ".join(JSON_NAMES[t] for t in allowed)
             shown = json.dumps(values[name])
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             raise NmtError(f"{path}: field {prefix}{name} is {shown}, not {expected}")
-
-
-def _has_type(value: Any, allowed: tuple[type, ...]) -> bool:
-    if isinstance(value, bool):
-        return bool in allowed
-    return isinstance(value, allowed)
