@@ -443,7 +443,7 @@ def test_ensemble_with_different_dictionaries_is_an_error():
     same = (["<s>", "<pad>", "</s>", "<unk>", "a"], ["<s>", "<pad>", "</s>", "<unk>", "x"])
     check_same_dictionaries(["a.pt", "b.pt"], [same, same])
     other = (same[0], ["<s>", "<pad>", "</s>", "<unk>", "y"])
-    with pytest.raises(NmtError, match=r"b\.pt.*target dictionaries differ.*id 4 is 'x' vs 'y'"):
+    with pytest.raises(NmtError, match=r"^the target dictionary of b\.pt does not match checkpoint a\.pt \(5 vs 5 symbols; id 4 is 'y' vs 'x'\)"):
         check_same_dictionaries(["a.pt", "b.pt"], [same, other])
 
 

@@ -465,7 +465,7 @@ def test_ensemble_with_other_dictionaries_is_a_clear_error(run_dir, tmp_path):
     save_checkpoint(state, tmp_path / "other.pt")
     ckpt = str(run_dir / "checkpoint_best.pt")
     result = nmt("--path", f"{ckpt}:{tmp_path / 'other.pt'}", *FAST, input="the dog\n")
-    assert result.exit_code == 1 and "target dictionaries differ" in result.stderr
+    assert result.exit_code == 1 and f"the target dictionary of {tmp_path / 'other.pt'} does not match checkpoint {ckpt}" in result.stderr
 
 
 def test_stdin_is_streamed_chunk_by_chunk(run_dir):

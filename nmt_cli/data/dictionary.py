@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt_cli.errors import NmtError, where
+from nmt_cli.errors import NmtError, first_difference, where
 
 BOS, PAD, EOS, UNK = "<s>", "<pad>", "</s>", "<unk>"
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -64,6 +64,21 @@ def _count_or_none(field: str) -> int | None:
         return int(field) if field.lstrip("-").isdigit() else None
     except ValueError:  # "--5", or a digit int() does not read such as "²"
         return None
+
+
+def check_same_symbols(subject: str, symbols: Sequence[str], checkpoint: str, expected: Sequence[str],
+                       advice: str = "") -> None:
+    """Raise unless `symbols` (those of `subject`, "the target dictionary of DATA") are
+    `expected`, the symbols of `checkpoint`'s dictionary, id for id: with any other list
+    the model's ids would mean other words. The one message for every such mismatch:
+    "{subject} does not match checkpoint {checkpoint} (N vs M symbols; id I is X vs Y){advice}",
+    `subject`'s value first."""
+    if list(symbols) == list(expected):
+        return
+    difference = first_difference(symbols, expected)
+    at = "" if difference is None else "; id {} is {!r} vs {!r}".format(*difference)
+    raise NmtError(f"{subject} does not match checkpoint {checkpoint} "
+                   f"({len(symbols)} vs {len(expected)} symbols{at}){advice}")
 
 
 class Dictionary:

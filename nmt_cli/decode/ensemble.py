@@ -13,21 +13,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from nmt_cli.data.dictionary import check_same_symbols
 from nmt_cli.decode.search import IncrementalDecoder
-from nmt_cli.errors import NmtError, first_difference
 
 
 def check_same_dictionaries(names: Sequence[str], dicts: Sequence[tuple[list[str], list[str]]]) -> None:
     """Raise unless every model has the (source, target) symbol lists of the first."""
     for name, (src, tgt) in zip(names[1:], dicts[1:]):
         for side, mine, first in (("source", src, dicts[0][0]), ("target", tgt, dicts[0][1])):
-            if mine != first:
-                difference = first_difference(first, mine)
-                at = "" if difference is None else "; id {} is {!r} vs {!r}".format(*difference)
-                raise NmtError(
-                    f"cannot ensemble {names[0]} and {name}: their {side} dictionaries differ "
-                    f"({len(first)} vs {len(mine)} symbols{at})"
-                )
+            check_same_symbols(f"the {side} dictionary of {name}", mine, names[0], first,
+                               "; the models of an ensemble must share their dictionaries")
 
 
 class Ensemble:

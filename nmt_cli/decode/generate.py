@@ -29,12 +29,12 @@ import numpy as np
 import torch
 
 from nmt_cli.config import GENERATE_MAX_TOKENS, GenerateConfig
-from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK, UNK_ID, Dictionary
+from nmt_cli.data.dictionary import BOS_ID, EOS_ID, PAD_ID, UNK, UNK_ID, Dictionary, check_same_symbols
 from nmt_cli.data.pairs import PairDataset, load_data_bin, padded_rows
 from nmt_cli.decode.loading import LoadedModels, load_models
 from nmt_cli.decode.forced import cross_attention, hard_alignment, pad_rows, reference_log_probs
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
-from nmt_cli.errors import NmtError, first_difference
+from nmt_cli.errors import NmtError
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
 from nmt_cli.text.pipeline import remove_bpe_symbols
 
@@ -115,11 +115,7 @@ def check_same_dictionaries(models: LoadedModels, src_dict: Dictionary, tgt_dict
                             checkpoint: str) -> None:
     """The data-bin's ids must mean what they meant to the model."""
     for side, ours, theirs in (("source", models.src_dict, src_dict), ("target", models.tgt_dict, tgt_dict)):
-        if ours.symbols != theirs.symbols:
-            difference = first_difference(theirs.symbols, ours.symbols)
-            at = "" if difference is None else "; id {} is {!r} in the data-bin, {!r} in the checkpoint".format(*difference)
-            raise NmtError(f"the {side} dictionary of {data} does not match checkpoint {checkpoint} "
-                           f"({len(theirs)} vs {len(ours)} symbols{at})")
+        check_same_symbols(f"the {side} dictionary of {data}", theirs.symbols, checkpoint, ours.symbols)
 
 
 def check_sizes(pairs: PairDataset, models: LoadedModels, prefix: str, max_tokens: int | None) -> None:

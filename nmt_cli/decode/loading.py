@@ -16,11 +16,11 @@ import torch
 
 from nmt_cli.checkpoints.ema_weights import with_ema_as_model
 from nmt_cli.checkpoints.format import load_checkpoint, model_from_checkpoint
-from nmt_cli.data.dictionary import SPECIALS, Dictionary
+from nmt_cli.data.dictionary import SPECIALS, Dictionary, check_same_symbols
 from nmt_cli.data.meta import read_meta
 from nmt_cli.decode.ensemble import Ensemble, check_same_dictionaries
 from nmt_cli.decode.search import IncrementalDecoder
-from nmt_cli.errors import NmtError, first_difference
+from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import release_freed_memory
 from nmt_cli.models.fast.int8 import quantize_linears
 from nmt_cli.models.fast.packed import pack_linears
@@ -121,15 +121,8 @@ def check_directory_dictionaries(directory: Path, loaded: LoadedModels, checkpoi
         path = directory / f"dict.{lang}.txt"
         if not path.is_file():
             raise NmtError(f"{path} not found (the checkpoint's {lang} dictionary must be next to meta.json)")
-        on_disk = Dictionary.load(path)
-        if on_disk.symbols != stored.symbols:
-            difference = first_difference(on_disk.symbols, stored.symbols)
-            at = "" if difference is None else "; id {} is {!r} in the file, {!r} in the checkpoint".format(*difference)
-            raise NmtError(
-                f"dictionary {path} does not match checkpoint {checkpoint} "
-                f"({len(on_disk)} vs {len(stored)} symbols{at}); "
-                "pass the --data-bin the model was trained on"
-            )
+        check_same_symbols(f"dictionary {path}", Dictionary.load(path).symbols, checkpoint, stored.symbols,
+                           "; pass the --data-bin the model was trained on")
 
 
 def load_text_sides(directory: Path, loaded: LoadedModels, checkpoint: str, need_source: bool, need_target: bool) -> TextSides:
