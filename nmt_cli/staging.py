@@ -1,9 +1,10 @@
 """Build an output (a directory or a file) next to its destination and move it into place.
 
 A run that is killed half-way leaves only a hidden sibling: `.NAME.partial-PID` (or,
-killed while replacing an earlier output, `.NAME.old-PID`) for a directory,
-`.NAME.PID.tmp` for a file; never a destination that looks complete. The next
-run removes such leftovers once their process is gone.
+killed while replacing an earlier output, `.NAME.old-PID`) for a directory, and for
+`nmt binarize`'s pair of files `.PREFIX.partial-PID.bin/.idx`; `.NAME.PID.tmp` for a
+file; never a destination that looks complete. The next run removes such leftovers
+once their process is gone.
 """
 
 from __future__ import annotations
@@ -124,11 +125,16 @@ def create_staging(dest: Path) -> Path:
     """A fresh hidden sibling of `dest` to build into (removing leftovers of dead runs)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_leftovers(dest)
-    staging = dest.parent / f".{dest.name}{PARTIAL}{os.getpid()}"
+    staging = partial_sibling(dest)
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
     return staging
+
+
+def partial_sibling(dest: Path) -> Path:
+    """This process's hidden name for `dest` while it is built: `.NAME.partial-PID`."""
+    return dest.parent / f".{dest.name}{PARTIAL}{os.getpid()}"
 
 
 def publish(staging: Path, dest: Path) -> None:

@@ -240,7 +240,7 @@ def test_failed_binarize_leaves_no_partial_files(tmp_path: Path, workers: int) -
     for prefix in ("x", "y"):  # over a finished output, and a new one
         result = nmt("binarize", "--dict", dictionary, "--input", bad, "--output-prefix", out / prefix, "--workers", workers)
         assert_one_error(result, f"invalid UTF-8 at {bad}:2")
-        # The earlier output is intact and nothing else is left: no out/y.partial-PID.part0.bin
+        # The earlier output is intact and nothing else is left: no out/.y.partial-PID.part0.bin
         assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
@@ -261,12 +261,31 @@ def test_interrupted_binarize_leaves_no_partial_files(tmp_path: Path, monkeypatc
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_binarize_writes_under_hidden_names_until_it_publishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run killed half-way would leave: only hidden files, none that lists beside the outputs.
+    (One worker: the patched encode runs in this process; the chunks of several are named after
+    the same hidden prefix.)"""
+    dictionary, out, before = binarize_workspace(tmp_path)
+    encode, seen = Dictionary.encode, set()
+
+    def encode_and_look(self, tokens, append_eos=True):
+        seen.update(p.name for p in out.iterdir() if p.name not in before)
+        return encode(self, tokens, append_eos)
+
+    monkeypatch.setattr(Dictionary, "encode", encode_and_look)
+    text = write(tmp_path / "text.txt", ["ok"] * 5)
+    result = nmt("binarize", "--dict", dictionary, "--input", text, "--output-prefix", out / "y")
+    assert result.exit_code == 0, result.output
+    assert seen and all(name.startswith(f".y.partial-{os.getpid()}") for name in seen), seen
+    assert {p.name for p in out.iterdir()} == set(before) | {"y.bin", "y.idx"}
+
+
 def test_binarize_removes_the_files_of_killed_runs_only(tmp_path: Path) -> None:
     dictionary, out, before = binarize_workspace(tmp_path)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead, alive = int(finished.stdout), os.getppid()  # a process that has exited, and one that runs
-    killed = [f"x.partial-{dead}.bin", f"x.partial-{dead}.part1.idx"]
-    running = [f"x.partial-{alive}.bin", f"y.partial-{dead}.bin"]  # another run's, another prefix's
+    killed = [f".x.partial-{dead}.bin", f".x.partial-{dead}.part1.idx"]
+    running = [f".x.partial-{alive}.bin", f".y.partial-{dead}.bin"]  # another run's, another prefix's
     for name in killed + running:
         (out / name).write_bytes(b"partial")
     result = nmt("binarize", "--dict", dictionary, "--input", tmp_path / "good.txt", "--output-prefix", out / "x")

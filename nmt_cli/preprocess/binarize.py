@@ -14,7 +14,7 @@ from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.preprocess.stages import BinarizeResult, JobRunner
 from nmt_cli.preprocess.workers import binarize_file
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import fsync_directory, leftovers_of_dead_processes
+from nmt_cli.staging import PARTIAL, fsync_directory, leftovers_of_dead_processes, partial_sibling
 from nmt_cli.text.reader import count_lines
 
 
@@ -32,7 +32,7 @@ def binarize_text(cfg: BinarizeConfig) -> tuple[Path, BinarizeResult]:
     with directory_lock(prefix.parent, "the --output-prefix directory"):  # one writer per data-bin
         _remove_files_of_killed_runs(prefix)
         reporter = StageReporter()
-        partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
+        partial = partial_sibling(prefix)  # hidden, so that a killed run leaves no visible file beside the outputs
         try:
             with JobRunner(cfg.workers) as runner:
                 result = binarize_file(source, num_lines, Path(cfg.dict_path), partial, runner, reporter,
@@ -63,9 +63,9 @@ def _publish_pair(partial: Path, prefix: Path) -> None:
 
 
 def _remove_files_of_killed_runs(prefix: Path) -> None:
-    """Delete the PREFIX.partial-PID files of earlier runs whose process no longer runs
+    """Delete the .PREFIX.partial-PID files of earlier runs whose process no longer runs
     (killed outright, they could not remove their own)."""
-    for path in leftovers_of_dead_processes(prefix.parent, f"{prefix.name}.partial-"):
+    for path in leftovers_of_dead_processes(prefix.parent, f".{prefix.name}{PARTIAL}"):
         try:
             path.unlink()
         except OSError:
