@@ -75,7 +75,8 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, init
     of the time to load a large model for translation on a CPU.
 
     NmtError, before anything is allocated, for a model too big for this machine's memory
-    (every command builds its models here: train, translate, info, import-fairseq).
+    (every command builds its models here: train, the commands that load a checkpoint through
+    nmt_cli.checkpoints.format, info, import-fairseq and import-marian).
     """
     check_model_fits(cfg, src_vocab_size, tgt_vocab_size)
     if initialise:
