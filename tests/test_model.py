@@ -688,6 +688,19 @@ def test_presets_and_resolve_config() -> None:
         resolve_config("transformer_tiny", {"depth": 3})
 
 
+@pytest.mark.parametrize("arch", ["transformer", "transformer_wmt_en_de"])
+def test_fairseqs_base_presets_give_the_decoder_the_encoders_widths(arch) -> None:
+    # fairseq's base_architecture: decoder_embed_dim = getattr(args, "decoder_embed_dim", args.encoder_embed_dim),
+    # and the same for the feed-forward width; layers and heads stay the preset's.
+    cfg = resolve_config(arch, {"encoder_embed_dim": 256, "encoder_ffn_embed_dim": 1024})
+    assert (cfg.decoder_embed_dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads) == (256, 1024, 8)
+    own = resolve_config(arch, {"encoder_embed_dim": 256, "decoder_embed_dim": 512})
+    assert (own.decoder_embed_dim, own.decoder_ffn_embed_dim) == (512, 2048)
+    # Presets that name their decoder's widths keep them, in fairseq as here.
+    big = resolve_config("transformer_vaswani_wmt_en_de_big", {"encoder_embed_dim": 512})
+    assert big.decoder_embed_dim == 1024
+
+
 def test_model_options_give_only_the_flags_used() -> None:
     import click
 

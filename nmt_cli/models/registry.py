@@ -52,6 +52,11 @@ ARCHITECTURES |= {
     "transformer_wmt_en_de_big_t2t": dataclasses.replace(_BIG, attention_dropout=0.1, activation_dropout=0.1,
                                                          normalize_before=True),
 }
+# The presets whose decoder takes the encoder's width and feed-forward width unless given
+# its own: fairseq's base_architecture, which `transformer` and `transformer_wmt_en_de` are
+# (`--arch transformer --encoder-embed-dim 256` is 256 wide on both sides there).
+DECODER_FOLLOWS_ENCODER = {"transformer", "transformer_wmt_en_de"}
+_FOLLOWED = {"decoder_embed_dim": "encoder_embed_dim", "decoder_ffn_embed_dim": "encoder_ffn_embed_dim"}
 
 
 def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
@@ -62,6 +67,9 @@ def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise NmtError(f"unknown model config fields: {', '.join(unknown)}")
+    if arch in DECODER_FOLLOWS_ENCODER:
+        overrides = {**{decoder: overrides[encoder] for decoder, encoder in _FOLLOWED.items() if encoder in overrides},
+                     **overrides}
     return dataclasses.replace(ARCHITECTURES[arch], **overrides)
 
 
