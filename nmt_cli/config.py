@@ -1099,6 +1099,12 @@ BEST_CHECKPOINT_METRICS = ("loss", "nll", "bleu", "chrf")
 # Metrics where higher is better (selected by --eval-bleu's scores); the others are minimized.
 MAXIMIZED_METRICS = ("bleu", "chrf")
 # --eval-bleu-args keys (fairseq's generation arguments) and the TrainConfig fields they set.
+# The settings of --eval-bleu, which act only with it.
+EVAL_BLEU_SETTINGS = ("eval_bleu_beam", "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
+                      "eval_bleu_subset_lines", "eval_bleu_chrf", "eval_bleu_args", "eval_bleu_detok",
+                      "eval_bleu_detok_args", "eval_tokenized_bleu", "eval_bleu_remove_bpe", "eval_bleu_print_samples")
+# The settings of validation, which act only without --disable-validation.
+VALIDATION_SETTINGS = ("valid_subset", "validate_interval", "validate_interval_updates", "best_checkpoint_metric")
 EVAL_BLEU_ARGS = {"beam": "eval_bleu_beam", "lenpen": "eval_bleu_lenpen", "max_len_a": "eval_bleu_max_len_a",
                   "max_len_b": "eval_bleu_max_len_b"}
 # --eval-bleu-detok values and the data-bin tokenizer each names: nmt detokenizes as the data-bin says.
@@ -1423,6 +1429,9 @@ class TrainConfig:
         check_choices(self)
         if self.lr_scheduler != "fixed" and self.warmup_updates == 0:
             raise NmtError(f"--lr-scheduler {self.lr_scheduler} needs --warmup-updates > 0")
+        if self.lr_scheduler != "inverse_sqrt" and self.warmup_init_lr != 0:  # fairseq has it for inverse_sqrt alone
+            raise NmtError(f"--warmup-init-lr is inverse_sqrt's; --lr-scheduler {self.lr_scheduler} warms up from 0: "
+                           "drop one")
         if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
             raise NmtError(f"--adam-betas must be two numbers in [0, 1) (got {self.adam_betas})")
         if self.adam_eps <= 0:
@@ -1442,6 +1451,17 @@ class TrainConfig:
             raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
         if self.eval_bleu and self.disable_validation:
             raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
+        defaults = {f.name: f.default for f in fields(self)}
+        if not self.eval_bleu:
+            for name in EVAL_BLEU_SETTINGS:
+                if getattr(self, name) != defaults[name]:
+                    raise NmtError(f"--{name.replace('_', '-')} is a setting of --eval-bleu: add --eval-bleu, "
+                                   "or drop it")
+        if self.disable_validation:
+            for name in VALIDATION_SETTINGS:
+                if getattr(self, name) != defaults[name]:
+                    raise NmtError(f"--{name.replace('_', '-')} sets the validations, and --disable-validation "
+                                   "turns them off; drop one")
         for flag, following_validations in (("--patience", self.patience > 0),
                                             ("--keep-best-checkpoints", self.keep_best_checkpoints > 0)):
             if following_validations and self.disable_validation:

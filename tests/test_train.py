@@ -571,6 +571,18 @@ def test_help_documents_every_option() -> None:
     ({"disable_validation": True, "keep_best_checkpoints": 2},
      "--keep-best-checkpoints follows the validations, and --disable-validation turns them off; drop one"),
     ({"tensorboard_logdir": ""}, "--tensorboard-logdir is empty"),
+    ({"disable_validation": True, "validate_interval_updates": 2},
+     "--validate-interval-updates sets the validations, and --disable-validation turns them off; drop one"),
+    ({"disable_validation": True, "best_checkpoint_metric": "nll"}, "--best-checkpoint-metric sets the validations"),
+    ({"disable_validation": True, "valid_subset": "test"}, "--valid-subset sets the validations"),
+    ({"eval_bleu_beam": 4}, "--eval-bleu-beam is a setting of --eval-bleu: add --eval-bleu, or drop it"),
+    ({"eval_bleu_chrf": True}, "--eval-bleu-chrf is a setting of --eval-bleu"),
+    ({"eval_bleu_args": '{"beam": 4}'}, "--eval-bleu-args is a setting of --eval-bleu"),
+    ({"eval_tokenized_bleu": True}, "--eval-tokenized-bleu is a setting of --eval-bleu"),
+    ({"eval_bleu_subset_lines": 5}, "--eval-bleu-subset-lines is a setting of --eval-bleu"),
+    ({"eval_bleu_print_samples": True}, "--eval-bleu-print-samples is a setting of --eval-bleu"),
+    ({"lr_scheduler": "noam", "warmup_init_lr": 1e-2}, "--warmup-init-lr is inverse_sqrt's; --lr-scheduler noam"),
+    ({"lr_scheduler": "fixed", "warmup_init_lr": 1e-2, "warmup_updates": 3}, "--warmup-init-lr is inverse_sqrt's"),
 ])
 def test_options_that_could_never_act_are_refused(data_bin: Path, changes: dict, message: str) -> None:
     """Each trained to the end with exit status 0, and the option did nothing."""
