@@ -464,6 +464,19 @@ def engine_option() -> Any:
 
 
 @dataclass(frozen=True)
+class TranslateStreams:
+    """Where `nmt translate` reads and writes: apart from `TranslateConfig`, which the Python
+    API and the server share and which takes no files."""
+
+    input_path: str = option("--input", "-i", default="-", show_default=True, metavar="FILE",
+                             help="Text to translate, one sentence per line (UTF-8); - reads stdin.")
+    output_path: str = option(
+        "--output", "-o", default="-", show_default=True, metavar="FILE",
+        help="Where translations go, one line per input line; - writes stdout. A file appears "
+             "only when complete (written under a hidden temporary name, then renamed).")
+
+
+@dataclass(frozen=True)
 class TranslateConfig:
     """What `nmt translate` reads and writes, and how it batches; search is in `decode`."""
 

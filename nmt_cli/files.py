@@ -110,6 +110,21 @@ def refuse_overwriting_inputs(output_path: str | Path, inputs: Iterable[tuple[st
                            f"the input; choose another {output_flag}")
 
 
+def write_output(sink: IO, data: bytes | str, output_path: str, flush: bool = True) -> None:
+    """Write `data` to an output opened by `published_output` (and flush it, so that a
+    reader waiting for these lines gets them now); a full disk is one error line naming
+    the output. A reader gone away (`| head`) stays BrokenPipeError: the CLI ends quietly."""
+    try:
+        sink.write(data)
+        if flush:
+            sink.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        name = "<stdout>" if output_path == "-" else output_path
+        raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
+
+
 @contextmanager
 def published_output(path: str, mode: str = "wb") -> Iterator[IO]:
     """`path` ("-": stdout) opened for writing, in `mode` "wb" or "w" (as `opened`), so that

@@ -10,7 +10,6 @@ from cli_utils import config_of
 from click.testing import CliRunner
 
 from nmt_cli.cli import main
-from nmt_cli.commands.translate import Streams
 from nmt_cli.config import (
     ApplyBpeConfig,
     AverageConfig,
@@ -27,6 +26,7 @@ from nmt_cli.config import (
     ServeConfig,
     TrainConfig,
     TranslateConfig,
+    TranslateStreams,
 )
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.fairseq.importer import ImportConfig
@@ -37,7 +37,7 @@ from nmt_cli.options import SAME, aliases_of, flag_fields
 # arguments of a minimal command line, parameters of the command's own that no config holds)
 COMMANDS = {
     "train": ((TrainConfig,), True, ["data-bin"], set()),
-    "translate": ((TranslateConfig, Streams), False, ["--path", "a.pt"], set()),
+    "translate": ((TranslateConfig, TranslateStreams), False, ["--path", "a.pt"], set()),
     "generate": ((GenerateConfig,), False, ["data-bin", "--path", "a.pt"], set()),
     "preprocess": ((PreprocessConfig,), False, ["-s", "en", "-t", "de", "--trainpref", "raw/train"], set()),
     "learn-bpe": ((LearnBpeConfig,), False, ["--input", "a.txt", "--vocab-size", "100", "--model-prefix", "bpe"], set()),

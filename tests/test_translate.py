@@ -231,7 +231,7 @@ def test_stdin_to_stdout_keeps_one_line_per_input_line(run_dir):
 
 
 def test_the_collector_freeze_ends_with_the_command(run_dir):
-    """translate freezes what is alive while lines stream (see commands/translate.py), and
+    """translate freezes what is alive while lines stream (see decode/streaming.py), and
     unfreezes it when it ends, even on an error: a process that goes on (the Python API's,
     a test run) keeps collecting its garbage."""
     assert gc.get_freeze_count() == 0
