@@ -871,8 +871,12 @@ class LearnBpeConfig:
     seed: int = option("--seed", default=1, show_default=True, help="Seed of the sentence sample.")
 
     def __post_init__(self) -> None:
+        from nmt_cli.files import file_prefix
         from nmt_cli.text.bpe import check_sentencepiece_sizes
 
+        file_prefix(self.model_prefix, "--model-prefix", (".model",))  # '' would write a hidden `.model`
+        if self.inputs.count("-") > 1:
+            raise NmtError("--input - (standard input) can be given only once")
         check_sentencepiece_sizes(self.vocab_size, self.sample, "--vocab-size", "--sample")
         check_seed(self.seed)
 
