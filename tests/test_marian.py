@@ -244,6 +244,19 @@ def test_an_imported_model_translates_raw_text_one_line_per_input(hand_model, tm
     assert again.exit_code == 0 and "nothing written" in again.output
 
 
+def test_translate_never_writes_over_the_sentencepiece_models_it_reads(hand_model, tmp_path):
+    """An imported run's BPE files are meta.json's source.spm and target.spm, not a data-bin's
+    *.model: an --output naming one is refused before anything is written."""
+    run = tmp_path / "run"
+    assert nmt("import-marian", hand_model, "--out", run).exit_code == 0
+    for name in ("source.spm", "target.spm"):
+        before = (run / name).read_bytes()
+        result = nmt("translate", "--path", run / "checkpoint.pt", "-o", run / name, input="a b\n")
+        assert result.exit_code == 1 and "would destroy the input" in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+        assert (run / name).read_bytes() == before
+
+
 def test_a_language_tag_stays_one_piece(hand_model, tmp_path):
     from nmt_cli.text.pipeline import TextPipeline
 

@@ -9,6 +9,7 @@ of docs/FORMATS.md; a field not listed there is kept as it is (newer files may a
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ TOKENIZER_FIELDS: dict[str, tuple[type, ...]] = {
 BPE_FIELDS: dict[str, tuple[type, ...]] = {
     "type": (str,), "model": (str,), "model_src": (str,), "model_tgt": (str,), "codes": (str,), "separator": (str,),
 }
+# The fields of `bpe` that name a file of the directory: a joint sentencepiece model, one per
+# side (an imported Marian model's source.spm and target.spm), subword-nmt codes.
+BPE_FILE_FIELDS = ("model", "model_src", "model_tgt", "codes")
 
 
 def read_meta(directory: str | Path) -> dict[str, Any]:
@@ -60,3 +64,22 @@ def _check_fields(values: dict[str, Any], fields: dict[str, tuple[type, ...]], p
             shown = json.dumps(values[name])
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             raise NmtError(f"{path}: field {prefix}{name} is {shown}, not {expected}")
+
+
+def text_files(directory: str | Path, languages: Iterable[str] | None = None) -> list[Path]:
+    """The files of a data-bin or run directory that turn text into ids and back: meta.json
+    (when there is one), the dictionaries `dict.LANG.txt` of `languages` (None: every one
+    the directory holds) and the BPE files meta.json names, whatever their names.
+
+    Named files are listed whether they exist or not: a caller that reads them says which
+    is missing."""
+    directory = Path(directory)
+    if languages is None:
+        files = sorted(directory.glob("dict.*.txt"))
+    else:
+        files = [directory / f"dict.{lang}.txt" for lang in languages]
+    if not (directory / "meta.json").is_file():  # a fairseq-preprocess data-bin: dictionaries only
+        return list(dict.fromkeys(files))
+    bpe = read_meta(directory).get("bpe") or {}
+    named = [directory / bpe[field] for field in BPE_FILE_FIELDS if bpe.get(field)]
+    return list(dict.fromkeys([directory / "meta.json", *files, *named]))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_cli.config import TranslateConfig, TranslateStreams
+from nmt_cli.data.meta import text_files
 from nmt_cli.files import opened, published_output, refuse_overwriting_inputs, write_output
 
 
@@ -76,11 +77,10 @@ def inputs_read(cfg: TranslateConfig, input_path: str) -> list[tuple[str, str | 
     """Every file translate reads, as (flag, path): the text, the checkpoints and the
     data-bin's (or run directory's) text files that turn text into ids and back."""
     data_dir = Path(cfg.data_bin) if cfg.data_bin else Path(cfg.checkpoints[0]).parent
-    data_files = [p for pattern in ("meta.json", "dict.*.txt", "*.model", "*.codes") for p in sorted(data_dir.glob(pattern))]
     side_files = [(flag, path) for flag, path in (("--prefix-file", cfg.guided.prefix_file),
                                                   ("--reference-file", cfg.guided.reference_file)) if path]
     return ([("--input", input_path)] + side_files + [("--path", checkpoint) for checkpoint in cfg.checkpoints]
-            + [("--data-bin file" if cfg.data_bin else "data file", p) for p in data_files])
+            + [("--data-bin file" if cfg.data_bin else "data file", p) for p in text_files(data_dir)])
 
 
 def _is_regular_file(input_path: str) -> bool:

@@ -22,7 +22,7 @@ from nmt_cli.checkpoints.format import load_checkpoint
 from nmt_cli.checkpoints.names import resolve_checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import Dictionary
-from nmt_cli.data.meta import read_meta
+from nmt_cli.data.meta import read_meta, text_files as run_text_files
 from nmt_cli.decode.loading import dictionary_from_symbols
 from nmt_cli.errors import NmtError
 from nmt_cli.text.pipeline import TextPipeline
@@ -97,21 +97,18 @@ def fairseq_weights(weights: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[
 
 def text_files(run_dir: Path, source_lang: str, target_lang: str) -> list[Path]:
     """meta.json and the BPE files it names, when the run directory has them and they are
-    for this language pair; otherwise none (the export then takes pre-segmented text)."""
-    if not (run_dir / "meta.json").is_file():
+    for this language pair; otherwise none (the export then takes pre-segmented text).
+    The dictionaries are the checkpoint's own, written by each export."""
+    files = run_text_files(run_dir, languages=())
+    if not files:
         return []
     meta: dict[str, Any] = read_meta(run_dir)
     if (meta.get("source_lang"), meta.get("target_lang")) != (source_lang, target_lang):
         raise NmtError(f"{run_dir / 'meta.json'} is for {meta.get('source_lang')}-{meta.get('target_lang')} but the "
                        f"checkpoint translates {source_lang}-{target_lang}")
-    files = [run_dir / "meta.json"]
-    bpe = meta.get("bpe") or {}
-    for key in ("model", "model_src", "model_tgt", "codes"):
-        name = bpe.get(key)
-        if name and (run_dir / name) not in files:
-            if not (run_dir / name).is_file():
-                raise NmtError(f"{run_dir / 'meta.json'} names BPE file {name}, which is not in {run_dir}")
-            files.append(run_dir / name)
+    for path in files:
+        if not path.is_file():
+            raise NmtError(f"{run_dir / 'meta.json'} names BPE file {path.relative_to(run_dir)}, which is not in {run_dir}")
     for lang in (source_lang, target_lang):  # loaded as translate loads them: a damaged file fails the export
         TextPipeline.from_data_bin(run_dir, lang)
     return files

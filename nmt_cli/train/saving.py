@@ -17,6 +17,7 @@ from typing import Any
 from nmt_cli.checkpoints.format import serialise_checkpoint
 from nmt_cli.checkpoints.names import BEST, LAST, epoch_checkpoint, epoch_of, update_checkpoint, updates_of
 from nmt_cli.config import ModelConfig, TrainConfig
+from nmt_cli.data.meta import text_files
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import fsync_directory, fsync_path, replace_atomically, temp_sibling
@@ -44,9 +45,8 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     run directory is all `nmt translate` needs.
     """
     # A fairseq data-bin has no meta.json (and no BPE model): its run translates BPE-segmented text only.
-    names = ["meta.json"] if (data.path / "meta.json").is_file() else []
-    names += [f"dict.{data.source_lang}.txt", f"dict.{data.target_lang}.txt"]
-    names += sorted(p.name for p in data.path.glob("*.model"))
+    # A BPE file that meta.json names outside the data-bin itself is not the run's to copy.
+    names = [p.name for p in text_files(data.path, (data.source_lang, data.target_lang)) if p.parent == data.path]
     config_text = json.dumps(run_config(cfg, model_cfg), indent=2) + "\n"
     try:
         for name in dict.fromkeys(names):
