@@ -855,6 +855,15 @@ class PreprocessConfig:
             )
 
 
+    def ignored_bpe_options(self, given_flags: frozenset[str]) -> list[str]:
+        """Warnings for the options of BPE learning in `given_flags` (field names given on the
+        command line) when no BPE is learned: --bpe none, or --bpe-model gives the model."""
+        if self.bpe in ("sentencepiece", "auto") and self.bpe_model is None:
+            return []
+        reason = "--bpe none learns no BPE" if self.bpe == "none" else "--bpe-model gives the BPE model"
+        given = [name for name in ("bpe_size", "bpe_sample", "bpe_seed") if name in given_flags]
+        return [f"warning: --{name.replace('_', '-')} is ignored: {reason}" for name in given]
+
 @dataclass(frozen=True)
 class LearnBpeConfig:
     """`nmt learn-bpe`: the BPE stage of `nmt preprocess` on its own."""

@@ -7,17 +7,7 @@ from typing import Any
 import click
 
 from nmt_cli.config import PreprocessConfig
-from nmt_cli.options import click_options, config_from_params
-
-
-def _ignored_bpe_options(ctx: click.Context, bpe: str, bpe_model: str | None) -> list[str]:
-    """Warnings for options of BPE learning given on the command line when none is learned."""
-    if bpe in ("sentencepiece", "auto") and bpe_model is None:
-        return []
-    reason = "--bpe none learns no BPE" if bpe == "none" else "--bpe-model gives the BPE model"
-    given = [name for name in ("bpe_size", "bpe_sample", "bpe_seed")
-             if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)]
-    return [f"warning: --{name.replace('_', '-')} is ignored: {reason}" for name in given]
+from nmt_cli.options import click_options, config_from_params, given_params
 
 
 @click.command(name="preprocess")
@@ -48,7 +38,7 @@ def preprocess(**params: Any) -> None:
     from nmt_cli.preprocess.run import preprocess as run_preprocess, summary_lines
 
     cfg = config_from_params(PreprocessConfig, params)
-    for line in _ignored_bpe_options(click.get_current_context(), params["bpe"], params["bpe_model"]):
+    for line in cfg.ignored_bpe_options(given_params()):
         click.echo(line, err=True)
     result = run_preprocess(cfg, StageReporter())
     for line in summary_lines(result):
