@@ -738,6 +738,12 @@ def optional_path(value: str | None) -> Path | None:
     return Path(value) if value else None
 
 
+def check_language_code(lang: str, what: str) -> None:
+    """A language code becomes part of file names (`dict.{lang}.txt`), so it is a plain one:
+    never empty, never a path; `what` names where it came from (a flag, a file's field)."""
+    if not lang or any(c in lang for c in "/\\. "):
+        raise NmtError(f"{what} must be a plain language code like 'en' (got {lang!r})")
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """`nmt preprocess`: raw parallel text -> data-bin/. Field names follow fairseq's flags."""
@@ -815,8 +821,7 @@ class PreprocessConfig:
     def __post_init__(self) -> None:
         check_finite_numbers(self)
         for flag, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
-            if not lang or any(c in lang for c in "/\\. "):
-                raise NmtError(f"{flag} must be a plain language code like 'en' (got {lang!r})")
+            check_language_code(lang, flag)
         if self.source_lang == self.target_lang:
             raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
         if self.workers < 1:  # above the CPUs is fine: fairseq's recipes say --workers 20 (preprocess/run.py)
@@ -914,6 +919,63 @@ class BinarizeConfig:
     def __post_init__(self) -> None:
         check_cpu_count("--workers", self.workers)
 
+
+# --- imports (nmt import-fairseq, nmt import-marian) ------------------------------------
+
+def _out_dir_option(files: str) -> Any:
+    return option("--out", required=True, path="any", to_value=Path, help=f"Run directory to write: {files}.")
+
+
+def _language_option(side: str, default_from: str) -> Any:
+    """--source-lang / -s or --target-lang / -t; None: `default_from`."""
+    return option(f"--{side}-lang", f"-{side[0]}", default=None,
+                  help=f"{side.capitalize()} language (default: {default_from}).")
+
+
+def _force_option() -> Any:
+    return flag_option(
+        "--force", help="Replace an --out directory that holds anything but this same import (its files are deleted).")
+
+
+def _check_import_languages(cfg: FairseqImportConfig | MarianImportConfig) -> None:
+    """The languages given name the run's dictionaries, dict.LANG.txt inside --out."""
+    for flag, lang in (("--source-lang", cfg.source_lang), ("--target-lang", cfg.target_lang)):
+        if lang is not None:
+            check_language_code(lang, flag)
+
+
+@dataclass(frozen=True)
+class FairseqImportConfig:
+    """`nmt import-fairseq`: a fairseq Transformer checkpoint -> an nmt run directory."""
+
+    checkpoint: Path = option(argument=True, path="any", to_value=Path)
+    dict_dir: Path = option("--dict-dir", required=True, path="any", to_value=Path,
+                            help="Directory holding the model's dict.SRC.txt and dict.TGT.txt (its data-bin).")
+    out_dir: Path = _out_dir_option("checkpoint.pt, meta.json, dictionaries, BPE codes")
+    bpe_codes: Path | None = option(
+        "--bpe-codes", default=None, path="any", to_value=optional_path,
+        help="subword-nmt BPE codes the model was trained with (copied into the run); "
+             "without them `nmt translate` needs pre-segmented input (--input-format bpe).")
+    source_lang: str | None = _language_option("source", "from the checkpoint")
+    target_lang: str | None = _language_option("target", "from the checkpoint")
+    force: bool = _force_option()
+
+    def __post_init__(self) -> None:
+        _check_import_languages(self)
+
+
+@dataclass(frozen=True)
+class MarianImportConfig:
+    """`nmt import-marian`: a Hugging Face MarianMTModel directory -> an nmt run directory."""
+
+    model_dir: Path = option(argument=True, path="any", to_value=Path)
+    out_dir: Path = _out_dir_option("checkpoint.pt, meta.json, dictionaries, sentencepiece models")
+    source_lang: str | None = _language_option("source", "tokenizer_config.json's source_lang")
+    target_lang: str | None = _language_option("target", "tokenizer_config.json's target_lang")
+    force: bool = _force_option()
+
+    def __post_init__(self) -> None:
+        _check_import_languages(self)
 
 # --- scoring (nmt score) ---------------------------------------------------------------
 

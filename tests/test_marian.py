@@ -283,6 +283,22 @@ def test_what_nmt_cannot_compute_is_refused_by_name(tmp_path, change, message):
     assert "Traceback" not in result.output and not (tmp_path / "run").exists()
 
 
+def test_a_language_code_that_is_a_path_is_refused(hand_model, tmp_path):
+    """The language names the run's dictionary, dict.LANG.txt: `-s ../x` would write it
+    outside --out. Given or read from tokenizer_config.json, such a code is one error line."""
+    work = tmp_path / "work"
+    work.mkdir()
+    result = nmt("import-marian", hand_model, "--out", work / "run", "-s", "../x")
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == "error: --source-lang must be a plain language code like 'en' (got '../x')"
+    model = copy_model(hand_model, tmp_path / "model")
+    (model / "tokenizer_config.json").write_text(json.dumps({"source_lang": "xx", "target_lang": "../y"}))
+    result = nmt("import-marian", model, "--out", work / "run")
+    assert result.exit_code == 1 and "tokenizer_config.json: target_lang must be a plain language code" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert list(work.iterdir()) == [] and not list(tmp_path.glob("*.txt"))
+
+
 def copy_model(source: Path, dest: Path, leave_out: str | None = None) -> Path:
     """A copy of the model directory `source` at `dest`, without the file `leave_out`."""
     dest.mkdir()

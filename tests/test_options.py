@@ -17,8 +17,10 @@ from nmt_cli.config import (
     DecodeConfig,
     GenerateConfig,
     ExportConfig,
+    FairseqImportConfig,
     InfoConfig,
     LearnBpeConfig,
+    MarianImportConfig,
     ModelConfig,
     PlotConfig,
     PreprocessConfig,
@@ -29,8 +31,6 @@ from nmt_cli.config import (
     TranslateStreams,
 )
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.fairseq.importer import ImportConfig
-from nmt_cli.interop.marian.importer import MarianImportConfig
 from nmt_cli.options import SAME, aliases_of, flag_fields
 
 # command -> (configs its options come from, ModelConfig overrides or not, the required
@@ -45,7 +45,7 @@ COMMANDS = {
     "binarize": ((BinarizeConfig,), False, ["--dict", "dict.en.txt", "--input", "a.txt", "--output-prefix", "a"], set()),
     "score": ((ScoreConfig,), False, ["--ref", "ref.txt"], set()),
     "average": ((AverageConfig,), False, ["--inputs", "a.pt", "--output", "avg.pt"], {"more_inputs"}),
-    "import-fairseq": ((ImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
+    "import-fairseq": ((FairseqImportConfig,), False, ["model.pt", "--dict-dir", "data-bin", "--out", "run"], set()),
     "import-marian": ((MarianImportConfig,), False, ["opus-mt-en-de", "--out", "run"], set()),
     "plot": ((PlotConfig,), False, ["run", "-o", "curves.png"], set()),
     "info": ((InfoConfig,), True, [], set()),

@@ -7,12 +7,13 @@ from typing import Any
 import click
 
 from nmt_cli.commands.outcome import say_outcome
-from nmt_cli.interop.fairseq.importer import ImportConfig, import_fairseq as run_import
+from nmt_cli.config import FairseqImportConfig
+from nmt_cli.interop.fairseq.importer import import_fairseq as run_import
 from nmt_cli.options import click_options, config_from_params
 
 
 @click.command("import-fairseq")
-@click_options(ImportConfig)
+@click_options(FairseqImportConfig)
 def import_fairseq(**params: Any) -> None:
     """Convert a fairseq Transformer CHECKPOINT (transformer, transformer_wmt_en_de,
     transformer_vaswani_wmt_en_de_big, transformer_wmt_en_de_big_t2t, ...) into a run
@@ -28,7 +29,7 @@ def import_fairseq(**params: Any) -> None:
     (same input files and languages: then nothing is written); any other OUT,
     such as an nmt training run, is refused unless --force replaces it.
     """
-    cfg = config_from_params(ImportConfig, params)
+    cfg = config_from_params(FairseqImportConfig, params)
     result = run_import(cfg)
     written = say_outcome(result.written, cfg.out_dir, "this import (same input files)", f"wrote {result.checkpoint}")
     if written and cfg.bpe_codes is None:

@@ -7,7 +7,8 @@ from typing import Any
 import click
 
 from nmt_cli.commands.outcome import say_outcome
-from nmt_cli.interop.marian.importer import MarianImportConfig, import_marian as run_import
+from nmt_cli.config import MarianImportConfig
+from nmt_cli.interop.marian.importer import import_marian as run_import
 from nmt_cli.options import click_options, config_from_params
 
 

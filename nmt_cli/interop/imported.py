@@ -1,6 +1,6 @@
-"""What the imports (`nmt import-fairseq`, `nmt import-marian`) share: their --out,
-language and --force options, the check of --out, the layout of meta.json, the
-publication of --out, and their result.
+"""What the imports (`nmt import-fairseq`, `nmt import-marian`) share: the check of
+--out, the layout of meta.json, the publication of --out, and their result (their
+options are in config.py).
 
 An import writes its run directory as a whole. An --out that holds anything else (an nmt
 training run, another import) is refused unless --force; one that holds this same import
@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoints.format import FORMAT_VERSION
-from nmt_cli.options import flag_option, option
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, recorded_in_meta, refuse_inputs_inside
 
@@ -25,21 +24,6 @@ from nmt_cli.staging import build_then_publish, check_destination, failure_line,
 class ImportResult:
     checkpoint: Path  # the run's checkpoint.pt
     written: bool  # False when out_dir already held this same import, left as it was
-
-
-def out_dir_option(files: str) -> Any:
-    return option("--out", required=True, path="any", to_value=Path, help=f"Run directory to write: {files}.")
-
-
-def language_option(side: str, default_from: str) -> Any:
-    """--source-lang / -s or --target-lang / -t; None: `default_from`."""
-    return option(f"--{side}-lang", f"-{side[0]}", default=None,
-                  help=f"{side.capitalize()} language (default: {default_from}).")
-
-
-def force_option() -> Any:
-    return flag_option(
-        "--force", help="Replace an --out directory that holds anything but this same import (its files are deleted).")
 
 
 def holds_this_import(out_dir: Path, print_id: str, force: bool, names: set[str], inputs: Iterable[Path]) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli.config import ACTIVATIONS, ModelConfig
+from nmt_cli.config import ACTIVATIONS, ModelConfig, check_language_code
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.fairseq.unpickle import PICKLE_MODULE, plain
 
@@ -259,4 +259,6 @@ def recorded_language(loaded: FairseqCheckpoint, key: str, path: Path) -> str | 
     value = loaded.args.get(key)
     if value is not None and not isinstance(value, str):
         raise NmtError(f"{path}: {_label(loaded.labels, key)} must be a language code (a string), not {_show(value)}")
+    if value:  # empty: the dictionaries' file names tell the language
+        check_language_code(value, f"{path}: {_label(loaded.labels, key)}")
     return value

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from nmt_cli.checkpoints.format import check_state_dict_fits, model_checkpoint, save_checkpoint
-from nmt_cli.config import ModelConfig, optional_path
+from nmt_cli.config import FairseqImportConfig, ModelConfig
 from nmt_cli.data.dictionary import SPECIALS, read_dict_lines
 from nmt_cli.errors import NmtError, where
 from nmt_cli.interop.fairseq.checkpoint import (
@@ -26,10 +25,8 @@ from nmt_cli.interop.fairseq.checkpoint import (
     model_config_from_args,
     recorded_language,
 )
-from nmt_cli.interop.imported import (ImportResult, force_option, holds_this_import, imported_run_meta,
-                                      language_option, out_dir_option, publish_import)
+from nmt_cli.interop.imported import ImportResult, holds_this_import, imported_run_meta, publish_import
 from nmt_cli.models.registry import build_model
-from nmt_cli.options import option
 from nmt_cli.staging import fingerprint
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
@@ -162,24 +159,7 @@ def read_fairseq_dictionary(path: str | Path) -> list[str]:
 # The run directory
 
 
-@dataclass(frozen=True)
-class ImportConfig:
-    """`nmt import-fairseq`: a fairseq Transformer checkpoint -> an nmt run directory."""
-
-    checkpoint: Path = option(argument=True, path="any", to_value=Path)
-    dict_dir: Path = option("--dict-dir", required=True, path="any", to_value=Path,
-                            help="Directory holding the model's dict.SRC.txt and dict.TGT.txt (its data-bin).")
-    out_dir: Path = out_dir_option("checkpoint.pt, meta.json, dictionaries, BPE codes")
-    bpe_codes: Path | None = option(
-        "--bpe-codes", default=None, path="any", to_value=optional_path,
-        help="subword-nmt BPE codes the model was trained with (copied into the run); "
-             "without them `nmt translate` needs pre-segmented input (--input-format bpe).")
-    source_lang: str | None = language_option("source", "from the checkpoint")
-    target_lang: str | None = language_option("target", "from the checkpoint")
-    force: bool = force_option()
-
-
-def import_fairseq(cfg: ImportConfig) -> ImportResult:
+def import_fairseq(cfg: FairseqImportConfig) -> ImportResult:
     """Write `cfg.out_dir` (checkpoint.pt, meta.json, dictionaries, BPE codes) as a whole.
 
     An out_dir that holds anything (an nmt training run, another import) is refused

@@ -25,15 +25,13 @@ from typing import Any
 import torch
 
 from nmt_cli.checkpoints.format import check_state_dict_fits, model_checkpoint, save_checkpoint
-from nmt_cli.config import ModelConfig
+from nmt_cli.config import MarianImportConfig, ModelConfig, check_language_code
 from nmt_cli.data.dictionary import EOS, PAD, SPECIALS, UNK
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.imported import (ImportResult, force_option, holds_this_import, imported_run_meta,
-                                      language_option, out_dir_option, publish_import)
+from nmt_cli.interop.imported import ImportResult, holds_this_import, imported_run_meta, publish_import
 from nmt_cli.interop.marian.weights import read_model_weights, weight_files
 from nmt_cli.json_text import json_object
 from nmt_cli.models.registry import build_model
-from nmt_cli.options import option
 from nmt_cli.staging import fingerprint
 from nmt_cli.text.bpe import BpeModel
 
@@ -41,17 +39,6 @@ from nmt_cli.text.bpe import BpeModel
 NEVER = -1.0e4
 # Hugging Face's names for the activations nmt has (ModelConfig.activation_fn).
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
-
-
-@dataclass(frozen=True)
-class MarianImportConfig:
-    """`nmt import-marian`: a Hugging Face MarianMTModel directory -> an nmt run directory."""
-
-    model_dir: Path = option(argument=True, path="any", to_value=Path)
-    out_dir: Path = out_dir_option("checkpoint.pt, meta.json, dictionaries, sentencepiece models")
-    source_lang: str | None = language_option("source", "tokenizer_config.json's source_lang")
-    target_lang: str | None = language_option("target", "tokenizer_config.json's target_lang")
-    force: bool = force_option()
 
 
 @dataclass(frozen=True)
@@ -75,8 +62,8 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
     config = read_json(directory / "config.json")
     tokenizer_config = read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
     check_marian(config, directory / "config.json")
-    src_lang = cfg.source_lang or _language(tokenizer_config, "source_lang")
-    tgt_lang = cfg.target_lang or _language(tokenizer_config, "target_lang")
+    src_lang = cfg.source_lang or _language(tokenizer_config, "source_lang", directory / "tokenizer_config.json")
+    tgt_lang = cfg.target_lang or _language(tokenizer_config, "target_lang", directory / "tokenizer_config.json")
     if not src_lang or not tgt_lang:
         raise NmtError(f"{directory / 'tokenizer_config.json'} does not tell the languages; "
                        "give --source-lang and --target-lang")
@@ -182,9 +169,13 @@ def model_config(config: dict[str, Any], sharing: Sharing) -> ModelConfig:
     )
 
 
-def _language(tokenizer_config: dict[str, Any], key: str) -> str | None:
+def _language(tokenizer_config: dict[str, Any], key: str, path: Path) -> str | None:
+    """tokenizer_config.json's language code, checked as a given one is: it names a dictionary file."""
     value = tokenizer_config.get(key)
-    return value if isinstance(value, str) and value else None
+    if not (isinstance(value, str) and value):
+        return None
+    check_language_code(value, f"{path}: {key}")
+    return value
 
 
 # ---------------------------------------------------------------------------
