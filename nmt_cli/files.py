@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import IO
 
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import published_on_success
+from nmt_cli.staging import check_file_name, published_on_success
 from nmt_cli.streams import closed_error
 
 
@@ -55,15 +56,23 @@ def opened(path: str, mode: str) -> Iterator[IO]:
         stream = open(path, mode) if "b" in mode else open(path, mode, encoding="utf-8", newline="\n")
     except OSError as error:
         raise NmtError(f"cannot {verb} {path}: {error.strerror or error}") from None
-    try:
+    with _closed_at_end(stream, f"cannot {verb} {path}"):
         yield stream
+
+
+@contextmanager
+def _closed_at_end(stream: IO, failure: str) -> Iterator[None]:
+    """Close `stream` when the block ends: a failure to close is NmtError(`failure`: why);
+    after a failure within the block it is closed quietly, so that the first error shows."""
+    try:
+        yield
     except BaseException:
         close_quietly(stream)
         raise
     try:
         stream.close()
     except OSError as error:
-        raise NmtError(f"cannot {verb} {path}: {error.strerror or error}") from None
+        raise NmtError(f"{failure}: {error.strerror or error}") from None
 
 
 def close_quietly(stream: IO) -> None:
@@ -81,10 +90,12 @@ def refuse_overwriting_inputs(output_path: str | Path, inputs: Iterable[tuple[st
     inode: a hard link, another mount of the same disk), as writing either destroys the input.
 
     Only an existing regular file can be destroyed: a path that does not exist yet, or a
-    device such as /dev/null, is no input's data.
+    device such as /dev/null, is no input's data. A path that names no file (empty, or a
+    directory: `t.en/`) is refused first.
     """
     if str(output_path) == "-":
         return
+    check_file_name(output_path, output_flag)
     try:
         output_stat = os.stat(output_path)
     except (OSError, ValueError):
@@ -125,21 +136,71 @@ def write_output(sink: IO, data: bytes | str, output_path: str, flush: bool = Tr
         raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
 
 
+# Where /dev/stdout, /dev/stderr, /dev/fd/N and /proc/self/fd/N lead on Linux: the
+# descriptors of a process (or of one of its threads, which share them).
+_DESCRIPTOR_DIRECTORY = re.compile(r"/proc/(\d+)(?:/task/\d+)?/fd")
+
+
+def descriptor_named(path: str) -> tuple[int, int] | None:
+    """(PID, N) when `path` leads, link by link, to the open descriptor N of process PID
+    (/dev/stdout, /dev/fd/N, /proc/self/fd/N); None for any other path.
+
+    Such a path is a stream, whatever it is open on: its last link, read, names the
+    file the descriptor has open (`>> log.txt`), which realpath and stat follow, but a
+    file renamed over that name would drop what the file held and what is appended to it.
+    """
+    current = os.path.abspath(path)
+    for _ in range(40):  # as many links as Linux follows
+        parent, name = os.path.realpath(os.path.dirname(current)), os.path.basename(current)
+        found = _DESCRIPTOR_DIRECTORY.fullmatch(parent)
+        if found:
+            return (int(found.group(1)), int(name)) if name.isdigit() else None
+        try:
+            target = os.readlink(os.path.join(parent, name))
+        except (OSError, ValueError):  # not a link, or not there: the path names a file of its own
+            return None
+        current = os.path.normpath(os.path.join(parent, target))
+    return None
+
+
+def _descriptor_stream(path: str, descriptor: tuple[int, int], mode: str) -> IO:
+    """A stream writing to the open descriptor that `path` names (`descriptor_named`): this
+    process's own through a copy of it, so that it writes where the descriptor stands
+    (after what the shell wrote, and before what it writes later); another's opened anew
+    for appending. Neither truncates what the descriptor's file already holds."""
+    pid, number = descriptor
+    try:
+        if pid == os.getpid():
+            fd = os.dup(number)
+            return os.fdopen(fd, "wb") if mode == "wb" else os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        return open(path, "ab") if mode == "wb" else open(path, "a", encoding="utf-8", newline="\n")
+    except OSError as error:
+        raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+
+
 @contextmanager
-def published_output(path: str, mode: str = "wb") -> Iterator[IO]:
-    """`path` ("-": stdout) opened for writing, in `mode` "wb" or "w" (as `opened`), so that
-    a reader never finds part of it: a file is written as a hidden temporary sibling and
-    renamed over `path` when the block ends normally. After an error or an interrupt the
-    temporary file is removed and an earlier `path` is left as it was (stdout streams as
-    it is written)."""
+def published_output(path: str, mode: str = "wb", flag: str = "--output") -> Iterator[IO]:
+    """`path` (given as `flag`; "-": stdout) opened for writing, in `mode` "wb" or "w" (as
+    `opened`), so that a reader never finds part of it: a file is written as a hidden
+    temporary sibling and renamed over `path` when the block ends normally. After an error
+    or an interrupt the temporary file is removed and an earlier `path` is left as it was.
+    Stdout, a descriptor (/dev/stdout, /dev/fd/N), a device or a FIFO streams as it is
+    written."""
     if path == "-":
         yield sys.stdout.buffer if mode == "wb" else sys.stdout
+        return
+    check_file_name(path, flag)
+    descriptor = descriptor_named(path)
+    if descriptor is not None:
+        stream = _descriptor_stream(path, descriptor, mode)
+        with _closed_at_end(stream, f"cannot write {path}"):
+            yield stream
         return
     try:
         existing = os.stat(path)
     except (OSError, ValueError):
         existing = None
-    if existing is not None and not stat.S_ISREG(existing.st_mode):  # /dev/null, /dev/stdout, a FIFO: stream
+    if existing is not None and not stat.S_ISREG(existing.st_mode):  # /dev/null, a FIFO: stream
         with opened(path, mode) as stream:
             yield stream
         return

@@ -93,6 +93,18 @@ def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callabl
     return result
 
 
+def check_file_name(path: str | os.PathLike, what: str) -> None:
+    """NmtError unless `path` (given as `what`, e.g. "--output") can name a file to write.
+    An empty path names none, and one ending in `/`, `.` or `..`, or naming an existing
+    directory, names a directory: Path and realpath drop a trailing `/`, so that `out/`
+    would be written as a file `out`, or over one (an input, a checkpoint)."""
+    text = os.fspath(path)
+    if not text:
+        raise NmtError(f"{what} is empty; give a file name")
+    if text.endswith(os.sep) or os.path.basename(text) in (".", "..") or os.path.isdir(text):
+        raise NmtError(f"{what} {text} names a directory; give a file name")
+
+
 def failure_line(action: str, error: OSError) -> str:
     """One line for an OS error (a full disk, an unwritable directory) that stopped `action`."""
     reason = error.strerror or str(error)

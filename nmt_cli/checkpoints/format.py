@@ -25,7 +25,7 @@ from nmt_cli.errors import NmtError
 from nmt_cli.field_types import has_type
 from nmt_cli.models.registry import build_model
 from nmt_cli.models.transformer import Transformer
-from nmt_cli.staging import fsync_path, replace_atomically
+from nmt_cli.staging import check_file_name, fsync_path, replace_atomically
 
 FORMAT_VERSION = 1
 # What every checkpoint holds: the model and what decoding it needs (docs/FORMATS.md).
@@ -64,6 +64,7 @@ OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     """Write `state` to `path` atomically; on failure the previous file at `path` is intact."""
+    check_file_name(path, "checkpoint")  # before Path drops a trailing `/`
     path = Path(path)
     try:
         try:
