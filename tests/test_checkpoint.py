@@ -21,6 +21,8 @@ from nmt_cli.checkpoints.format import (
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
+    save_file,
+    write_failure_reason,
 )
 from nmt_cli.cli import main
 from nmt_cli.errors import NmtError
@@ -350,3 +352,19 @@ def test_replaced_files_reach_the_disk_before_and_after_the_rename(tmp_path: Pat
         assert str(tmp_path / f".checkpoint_1_5.pt.{os.getpid()}.tmp") in before
         assert str(tmp_path / f".checkpoint_last.pt.{os.getpid()}.tmp") in before
         assert events[-1] == ("fsync", str(tmp_path))  # the renames reach the disk before returning
+
+
+def test_torch_write_failures_say_why(tmp_path: Path) -> None:
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))  # `ulimit -f 100`: a full disk, for files
+    try:
+        with pytest.raises(OSError) as failure:
+            save_file({"weights": torch.zeros(100_000)}, tmp_path / "big.pt")
+        with pytest.raises(RuntimeError) as from_torch:
+            with open(tmp_path / "again.pt", "wb") as f:
+                torch.save({"weights": torch.zeros(100_000)}, f)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(failure.value) == "File too large"
+    assert write_failure_reason(from_torch.value) == "File too large"  # not "unexpected pos 704 vs 598"

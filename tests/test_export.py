@@ -400,3 +400,16 @@ def test_ctranslate2_engine_with_a_maximum_output_length_of_0_gives_what_nmt_giv
             assert b["positional_scores"] == pytest.approx(a["positional_scores"], abs=1e-4)
             assert (b["score"] is None) == (a["score"] is None)
             assert b["score"] is None or b["score"] == pytest.approx(a["score"], abs=1e-4)
+
+
+def test_a_full_disk_during_a_fairseq_export_is_one_line(run_dir, tmp_path):
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, hard))  # `ulimit -f 50`: smaller than the checkpoint
+    try:
+        result = CliRunner().invoke(main, ["export", "--format", "fairseq", str(run_dir), str(tmp_path / "fs")])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert result.exit_code == 1 and not isinstance(result.exception, Exception), result.exception  # no traceback
+    assert result.stderr.strip() == f"error: writing {tmp_path / 'fs'} failed: File too large", result.stderr
+    assert list(tmp_path.iterdir()) == []

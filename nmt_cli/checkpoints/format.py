@@ -73,7 +73,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
             raise NmtError(f"cannot write checkpoint {path}: a part of its directory is a file") from None
         replace_atomically(path, partial(_save, state))
     except (OSError, RuntimeError) as error:
-        raise NmtError(f"cannot write checkpoint {path}: {_write_failure_reason(error)}") from None
+        raise NmtError(f"cannot write checkpoint {path}: {write_failure_reason(error)}") from None
 
 
 def serialise_checkpoint(state: dict[str, Any], tmp: Path, path: Path) -> None:
@@ -84,12 +84,27 @@ def serialise_checkpoint(state: dict[str, Any], tmp: Path, path: Path) -> None:
         fsync_path(tmp)
     except (OSError, RuntimeError) as error:
         tmp.unlink(missing_ok=True)
-        raise NmtError(f"cannot write checkpoint {path}: {_write_failure_reason(error)}") from None
+        raise NmtError(f"cannot write checkpoint {path}: {write_failure_reason(error)}") from None
 
 
-def _write_failure_reason(error: OSError | RuntimeError) -> str:
-    # torch reports some write failures (inside its zip writer) as RuntimeError.
+def write_failure_reason(error: OSError | RuntimeError) -> str:
+    """Why a file could not be written, in a few words ("No space left on device").
+
+    torch reports a failure to write (inside its zip writer) as a RuntimeError about
+    positions in the file; writing through a Python file, as `save_file` does, the
+    OSError that caused it is its context, and says why."""
+    if isinstance(error, RuntimeError) and isinstance(error.__context__, OSError) and error.__context__.strerror:
+        error = error.__context__
     return error.strerror if isinstance(error, OSError) and error.strerror else _first_line(error)
+
+
+def save_file(value: Any, path: Path) -> None:
+    """torch.save `value` into a new file `path`; failing to write it (a full disk) is
+    OSError, whatever torch raised, whose text says why (`write_failure_reason`)."""
+    try:
+        _save(value, path)
+    except RuntimeError as error:
+        raise OSError(write_failure_reason(error)) from None
 
 
 def _save(state: dict[str, Any], tmp: Path) -> None:

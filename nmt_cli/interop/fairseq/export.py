@@ -18,8 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from nmt_cli.checkpoints.format import save_file
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.source import ExportSource
 
@@ -69,7 +68,7 @@ def fairseq_checkpoint(source: ExportSource) -> dict[str, Any]:
 
 def write_fairseq_model(source: ExportSource, directory: Path) -> None:
     """checkpoint.pt, the dictionaries, and the run's meta.json and BPE files, into `directory`."""
-    torch.save(fairseq_checkpoint(source), directory / "checkpoint.pt")
+    save_file(fairseq_checkpoint(source), directory / "checkpoint.pt")  # a full disk is OSError, as for the others
     source.src_dict.save(directory / f"dict.{source.source_lang}.txt")
     source.tgt_dict.save(directory / f"dict.{source.target_lang}.txt")
     for path in source.text_files:
