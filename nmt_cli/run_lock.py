@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nmt_cli.errors import NmtError
+from nmt_cli.staging import hidden_stem
 
 
 def lock_path_for(directory: Path) -> Path:
@@ -27,7 +28,7 @@ def lock_path_for(directory: Path) -> Path:
     resolved = Path(os.path.realpath(directory))
     if not resolved.name:  # the root directory has no parent to hold the file
         return resolved / ".nmt.lock"
-    return resolved.parent / f".{resolved.name}.lock"
+    return resolved.parent / f"{hidden_stem(resolved)}.lock"
 
 
 @contextmanager

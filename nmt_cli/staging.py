@@ -4,7 +4,8 @@ A run that is killed half-way leaves only a hidden sibling: `.NAME.partial-PID` 
 killed while replacing an earlier output, `.NAME.old-PID`) for a directory, and for
 `nmt binarize`'s pair of files `.PREFIX.partial-PID.bin/.idx`; `.NAME.PID.tmp` for a
 file; never a destination that looks complete. The next run removes such leftovers
-once their process is gone.
+once their process is gone. A NAME too long to leave room for what these add is cut
+(`hidden_stem`), so that any name the file system takes can be published.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from nmt_cli.errors import NmtError
 
 PARTIAL = ".partial-"
 REPLACED = ".old-"
+# What a hidden name may add after `.NAME`: a marker, a PID of up to 10 digits and a
+# suffix, e.g. `.partial-4194304.part12.bin`.
+HIDDEN_ROOM = 32
 
 T = TypeVar("T")
 
@@ -73,10 +77,14 @@ def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callabl
     """`write(staging)` into a fresh hidden sibling of `dest`, then move it into place: a
     failed or killed run leaves the previous `dest` (or none), never a mix of old and new
     files. An OSError (a full disk, an unwritable parent) becomes NmtError(describe(error))."""
-    # The sibling is named after `dest`, so `.`, `..` and `sub/..` are first spelt with a name of
-    # their own (`..partial-PID` would land inside `dest`), and `../here` from inside `here` as
-    # a path that does not pass through `dest` (renamed away while publishing). A link stays a link.
-    dest = dest.resolve() if dest.name in ("", "..") else dest.parent.resolve() / dest.name
+    # The sibling is named after `dest`, so `dest` is resolved first: `.`, `..` and `sub/..` get a
+    # name of their own (`..partial-PID` would land inside `dest`), `../here` from inside `here`
+    # becomes a path that does not pass through `dest` (renamed away while publishing), and a
+    # link to a directory becomes that directory, which is replaced and locked (run_lock) in its
+    # own parent while the link stays as it is. (realpath, unlike Path.resolve, takes a loop.)
+    if os.path.islink(dest):  # where earlier versions, which replaced the link itself, left their leftovers
+        remove_dead_leftovers(Path(os.path.realpath(dest.parent)) / dest.name)
+    dest = Path(os.path.realpath(dest))
     try:
         staging = create_staging(dest)
     except OSError as error:
@@ -85,10 +93,10 @@ def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callabl
         result = write(staging)
         publish(staging, dest)
     except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_entry(staging)
         raise NmtError(describe(error)) from None
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_entry(staging)
         raise
     return result
 
@@ -138,37 +146,76 @@ def create_staging(dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_dead_leftovers(dest)
     staging = partial_sibling(dest)
-    if staging.exists():
-        shutil.rmtree(staging)
+    if os.path.lexists(staging):
+        remove_entry(staging, ignore_errors=False)
     staging.mkdir()
     return staging
 
 
+def hidden_stem(dest: Path) -> str:
+    """`.NAME` for `dest` named NAME: what begins each of its hidden siblings' names.
+
+    A NAME too long to leave `HIDDEN_ROOM` bytes within the file system's limit on a name
+    is cut and given a digest of the whole NAME (`.NAMESTART~DIGEST`), so that long names
+    that start alike keep apart. It depends on NAME alone, never on the PID, so that a
+    later run finds the leftovers of a dead one.
+    """
+    stem = f".{dest.name}"
+    limit = name_max(dest.parent) - HIDDEN_ROOM
+    if len(os.fsencode(stem)) <= limit:
+        return stem
+    digest = "~" + hashlib.sha256(os.fsencode(dest.name)).hexdigest()[:12]
+    start = dest.name
+    while start and len(os.fsencode(f".{start}{digest}")) > limit:
+        start = start[:-1]
+    return f".{start}{digest}"
+
+
+def name_max(directory: Path) -> int:
+    """The longest name, in bytes, that `directory`'s file system takes (255 where it cannot say)."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):  # not there yet, or no such setting on this platform
+        return 255
+
+
 def partial_sibling(dest: Path) -> Path:
     """This process's hidden name for `dest` while it is built: `.NAME.partial-PID`."""
-    return dest.parent / f".{dest.name}{PARTIAL}{os.getpid()}"
+    return dest.parent / f"{hidden_stem(dest)}{PARTIAL}{os.getpid()}"
 
 
 def publish(staging: Path, dest: Path) -> None:
-    """Move the finished `staging` directory to `dest` (absolute), replacing what was there."""
+    """Move the finished `staging` directory to `dest` (absolute, resolved), replacing what was there."""
     old = None
     # A process standing in `dest` (`--destdir .`) would be left in the deleted old directory.
     stands_in_dest = dest.exists() and os.path.samestat(os.lstat(dest), os.stat("."))
-    if dest.exists():
-        old = dest.parent / f".{dest.name}{REPLACED}{os.getpid()}"
+    if os.path.lexists(dest):
+        old = dest.parent / f"{hidden_stem(dest)}{REPLACED}{os.getpid()}"
         os.rename(dest, old)
     os.rename(staging, dest)
     if stands_in_dest:
         os.chdir(dest)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        remove_entry(old)
 
 
 def remove_dead_leftovers(dest: Path) -> None:
     """Delete `.NAME.partial-PID` and `.NAME.old-PID` directories whose process no longer runs."""
     for marker in (PARTIAL, REPLACED):
-        for path in leftovers_of_dead_processes(dest.parent, f".{dest.name}{marker}"):
-            shutil.rmtree(path, ignore_errors=True)
+        for path in leftovers_of_dead_processes(dest.parent, f"{hidden_stem(dest)}{marker}"):
+            remove_entry(path)
+
+
+def remove_entry(path: Path, ignore_errors: bool = True) -> None:
+    """Delete the directory tree, file or link `path` (a link, not what it points to)."""
+    try:
+        if os.path.islink(path) or not os.path.isdir(path):
+            path.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(path)
+    except OSError:
+        if not ignore_errors:
+            raise
 
 
 def replace_atomically(target: Path, write: Callable[[Path], object]) -> None:
@@ -206,7 +253,7 @@ def published_on_success(target: Path) -> Iterator[Path]:
 
 def temp_sibling(target: Path) -> Path:
     """This process's temporary name for `target`: `.NAME.PID.tmp`, swept once the process is gone."""
-    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    return target.with_name(f"{hidden_stem(target)}.{os.getpid()}.tmp")
 
 
 def fsync_path(path: Path) -> None:
@@ -234,7 +281,7 @@ def fsync_directory(directory: Path) -> None:
 def remove_stale_temp_files(path: Path) -> None:
     """Delete `.NAME.PID.tmp` files next to `path` (NAME its name) left by killed processes
     (they can be as large as a checkpoint); those of live processes are theirs to finish."""
-    _remove_dead_temp_files(path.parent, path.name)
+    _remove_dead_temp_files(path.parent, hidden_stem(path))
 
 
 def remove_stale_temp_files_in(directory: Path) -> None:
@@ -243,13 +290,13 @@ def remove_stale_temp_files_in(directory: Path) -> None:
     _remove_dead_temp_files(directory, None)
 
 
-def _remove_dead_temp_files(directory: Path, name: str | None) -> None:
-    """Delete the `.NAME.PID.tmp` files of `directory` (of NAME `name` only, unless None)
-    whose process no longer runs."""
-    pattern = f"{glob.escape(f'.{name}.')}*.tmp" if name is not None else ".*.tmp"
+def _remove_dead_temp_files(directory: Path, stem: str | None) -> None:
+    """Delete the `.NAME.PID.tmp` files of `directory` (only those whose `.NAME` is `stem`,
+    a `hidden_stem`, unless None) whose process no longer runs."""
+    pattern = f"{glob.escape(f'{stem}.')}*.tmp" if stem is not None else ".*.tmp"
     for path in directory.glob(pattern):
-        stem, _, pid_text = path.name[: -len(".tmp")].rpartition(".")  # NAME may hold dots, PID does not
-        if name is not None and stem != f".{name}":
+        found, _, pid_text = path.name[: -len(".tmp")].rpartition(".")  # NAME may hold dots, PID does not
+        if stem is not None and found != stem:
             continue
         if pid_text.isdigit() and path.is_file() and not process_alive(int(pid_text)):
             try:

@@ -402,6 +402,17 @@ def test_ctranslate2_engine_with_a_maximum_output_length_of_0_gives_what_nmt_giv
             assert b["score"] is None or b["score"] == pytest.approx(a["score"], abs=1e-4)
 
 
+def test_an_out_that_is_a_link_is_exported_into_its_target(run_dir, tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "stale.txt").write_text("old\n")
+    (tmp_path / "out").symlink_to("real")
+    result = nmt("export", "--format", "fairseq", str(run_dir), str(tmp_path / "out"), "--force")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out").is_symlink() and (tmp_path / "real" / "checkpoint.pt").is_file()
+    assert not (tmp_path / "real" / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "real"]
+
+
 def test_a_full_disk_during_a_fairseq_export_is_one_line(run_dir, tmp_path):
     resource = pytest.importorskip("resource")
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)

@@ -85,6 +85,13 @@ def test_a_file_output_is_still_replaced_whole(tmp_path: Path) -> None:
     assert out.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
+def test_the_longest_file_name_can_be_published(tmp_path: Path) -> None:
+    name = "x" * os.pathconf(tmp_path, "PC_NAME_MAX")
+    with published_output(str(tmp_path / name), "w") as stream:
+        stream.write("new\n")
+    assert [p.name for p in tmp_path.iterdir()] == [name] and (tmp_path / name).read_text() == "new\n"
+
+
 @pytest.mark.parametrize("spelling", ["{run}/checkpoint_last.pt/", "{run}", "{run}/.", ""])
 def test_a_checkpoint_path_naming_a_directory_is_one_error(tmp_path: Path, spelling: str) -> None:
     run = tmp_path / "run"

@@ -14,7 +14,7 @@ from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.preprocess.stages import BinarizeResult, JobRunner
 from nmt_cli.preprocess.workers import binarize_file
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import PARTIAL, fsync_directory, leftovers_of_dead_processes, partial_sibling
+from nmt_cli.staging import PARTIAL, fsync_directory, hidden_stem, leftovers_of_dead_processes, partial_sibling
 from nmt_cli.text.reader import count_lines
 
 
@@ -65,7 +65,7 @@ def _publish_pair(partial: Path, prefix: Path) -> None:
 def _remove_files_of_killed_runs(prefix: Path) -> None:
     """Delete the .PREFIX.partial-PID files of earlier runs whose process no longer runs
     (killed outright, they could not remove their own)."""
-    for path in leftovers_of_dead_processes(prefix.parent, f".{prefix.name}{PARTIAL}"):
+    for path in leftovers_of_dead_processes(prefix.parent, f"{hidden_stem(prefix)}{PARTIAL}"):
         try:
             path.unlink()
         except OSError:
