@@ -283,6 +283,22 @@ def test_resuming_mid_epoch_with_other_batching_says_the_epoch_is_replanned(tmp_
     assert "--seed 1 -> 7 since the checkpoint: the rest of epoch 1 is planned anew" in other.stderr
 
 
+def test_new_adam_settings_on_resume_are_the_ones_used(tmp_path: Path, data_bin: Path) -> None:
+    """As a new --lr does: the loaded optimizer state keeps its moments, not its settings."""
+    run = tmp_path / "run"
+    assert run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "1"]).exit_code == 0
+    group = load_checkpoint(run / "checkpoint_last.pt")["optimizer"]["param_groups"][0]
+    assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
+    resumed = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "2", "--adam-betas", "(0.8, 0.9)",
+                       "--adam-eps", "1e-6", "--weight-decay", "0.01"])
+    assert resumed.exit_code == 0
+    state = load_checkpoint(run / "checkpoint_last.pt")
+    assert state["num_updates"] == 2
+    for group in state["optimizer"]["param_groups"]:
+        assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.8, 0.9), 1e-6, 0.01)
+    assert tuple(state["train_config"]["adam_betas"]) == (0.8, 0.9)
+
+
 def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:
     run = tmp_path / "run"
     result = run_cli([data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "1", "--max-epoch", "2"])

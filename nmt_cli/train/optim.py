@@ -83,6 +83,16 @@ def build_optimizer(
     return torch.optim.AdamW(params, lr=0.0, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
 
 
+def set_hyperparameters(optimizer: torch.optim.Optimizer, betas: tuple[float, float], eps: float,
+                        weight_decay: float) -> None:
+    """Give every param group the settings build_optimizer gives it (one group, all
+    parameters decayed alike). A loaded optimizer state brings the saved run's settings
+    with its moments; a resumed run with new --adam-betas, --adam-eps or --weight-decay
+    uses the new ones, as it does a new --lr."""
+    for group in optimizer.param_groups:
+        group["betas"], group["eps"], group["weight_decay"] = tuple(betas), eps, weight_decay
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr

@@ -32,6 +32,7 @@ from nmt_cli.train.live import Limits, eta_seconds
 from nmt_cli.train.ema import start_ema
 from nmt_cli.train.eval_bleu import BleuScores, ValidBleu, shared_scores
 from nmt_cli.train.log import LOG_NAME, MetricsLog, Reporter, per_token_bits
+from nmt_cli.train.optim import set_hyperparameters
 from nmt_cli.train.resume_state import (
     Progress,
     capture_rng,
@@ -184,6 +185,7 @@ class Trainer:
                 with restoring("optimizer state", self.save_dir / LAST):
                     engine.optimizer.load_state_dict(resume["optimizer"])
                     check_optimizer_state_fits(engine.optimizer)
+                    set_hyperparameters(engine.optimizer, cfg.adam_betas, cfg.adam_eps, cfg.weight_decay)
                     if engine.scaler is not None and resume.get("scaler"):
                         engine.scaler.load_state_dict(resume["scaler"])
             with restoring("random number generator states", self.save_dir / LAST):
