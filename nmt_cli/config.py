@@ -1204,6 +1204,8 @@ EVAL_BLEU_DETOK_ARGS = ("source_lang", "target_lang")
 EVAL_BLEU_REMOVE_BPE = {"@@ ": "subword_nmt", "subword_nmt": "subword_nmt", "sentencepiece": "sentencepiece",
                         "none": "none"}
 FAIRSEQ_EMA_DECAY = 0.9999  # --store-ema without --ema-decay, as fairseq
+# Padded tokens per training batch when neither --max-tokens nor --batch-size is given.
+TRAIN_MAX_TOKENS = 4096
 
 
 def parse_betas(text: str) -> tuple[float, float]:
@@ -1311,9 +1313,10 @@ class TrainConfig:
     train_subset: str = option("--train-subset", default="train", help="Split to train on.")
     valid_subset: str = option("--valid-subset", default="valid", help="Split to validate on.")
     # Batching: padded tokens per batch, sentences per batch, accumulation.
-    max_tokens: int | None = option("--max-tokens", default=4096, type=int,
-                                    help="Padded tokens per batch: batch size * max(source length, target length) "
-                                         "(fairseq has no default).")
+    max_tokens: int | None = option(
+        "--max-tokens", default=None, type=int,
+        help="Padded tokens per batch: batch size * max(source length, target length) "
+             f"[default: {TRAIN_MAX_TOKENS} unless --batch-size is given; then no limit, as in fairseq].")
     batch_size: int | None = option("--batch-size", "--max-sentences", default=None, type=int,
                                     help="Most sentences per batch.")
     required_batch_size_multiple: int = option(
@@ -1473,6 +1476,14 @@ class TrainConfig:
                                      help="Validate (and select checkpoint_best.pt) with the EMA weights.")
 
     @property
+    def max_tokens_in_use(self) -> int | None:
+        """A batch's token cap: --max-tokens, else TRAIN_MAX_TOKENS unless --batch-size is
+        given (None: no cap, as fairseq has none without --max-tokens)."""
+        if self.max_tokens is None and self.batch_size is None:
+            return TRAIN_MAX_TOKENS
+        return self.max_tokens
+
+    @property
     def ema_decay_in_use(self) -> float | None:
         """The EMA's decay, or None when no EMA is kept (fairseq's default with --store-ema alone)."""
         if self.ema_decay is not None:
@@ -1496,8 +1507,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_finite_numbers(self)
         self._check_ema()
-        if self.max_tokens is None and self.batch_size is None:
-            raise NmtError("set --max-tokens or --batch-size (or both)")
         positive = ("max_tokens", "batch_size", "required_batch_size_multiple", "update_freq", "log_interval")
         for name in positive:
             value = getattr(self, name)
@@ -1624,7 +1633,8 @@ class TrainConfig:
             raise NmtError(f"--eval-bleu search settings: {error}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings that checkpoints and config.json record: max_tokens is the cap in use."""
+        return asdict(self) | {"max_tokens": self.max_tokens_in_use}
 
 
 PLOT_FORMATS = (".png", ".svg", ".html")

@@ -299,6 +299,25 @@ def test_new_adam_settings_on_resume_are_the_ones_used(tmp_path: Path, data_bin:
     assert tuple(state["train_config"]["adam_betas"]) == (0.8, 0.9)
 
 
+def test_batch_size_alone_has_no_token_cap_as_in_fairseq(tmp_path: Path) -> None:
+    """--max-tokens is 4096 only when --batch-size is not given either; the cap in use is
+    what checkpoints record, so a run of the default resumes as it was saved."""
+    data = reversal_data_bin(tmp_path / "bin", train=2000, valid=8)  # pairs of 4 to 9 tokens
+    tiny = ["--arch", "transformer_tiny", "--warmup-updates", "20", "--disable-validation"]
+    by_sentences = tmp_path / "by_sentences"
+    result = run_cli([data, "--save-dir", by_sentences, *tiny, "--batch-size", "1000", "--max-update", "1"])
+    assert result.exit_code == 0
+    assert "train: 2000 pairs in 2 batches" in result.stderr  # 4096 tokens would cap them near 450 pairs
+    assert load_checkpoint(by_sentences / "checkpoint_last.pt")["train_config"]["max_tokens"] is None
+    by_default = tmp_path / "by_default"
+    result = run_cli([data, "--save-dir", by_default, *tiny, "--max-update", "1"])
+    assert result.exit_code == 0 and "train: 2000 pairs in 4 batches" in result.stderr
+    state = load_checkpoint(by_default / "checkpoint_last.pt")
+    assert state["train_config"]["max_tokens"] == 4096 and state["iterator"]["batches_done"] == 1
+    resumed = run_cli([data, "--save-dir", by_default, *tiny, "--max-update", "2"])
+    assert resumed.exit_code == 0 and "planned anew" not in resumed.stderr
+
+
 def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:
     run = tmp_path / "run"
     result = run_cli([data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "1", "--max-epoch", "2"])

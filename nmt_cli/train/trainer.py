@@ -155,8 +155,8 @@ class Trainer:
         """Resuming mid-epoch skips the batches already done; with other batching flags the
         epoch's batches are not the ones that were done, so say so."""
         keys = ("max_tokens", "batch_size", "required_batch_size_multiple", "seed")
-        changed = [f"--{k.replace('_', '-')} {before[k]} -> {getattr(self.cfg, k)}"
-                   for k in keys if k in before and before[k] != getattr(self.cfg, k)]
+        now = self.cfg.to_dict()  # as recorded: max_tokens is the cap in use
+        changed = [f"--{k.replace('_', '-')} {before[k]} -> {now[k]}" for k in keys if k in before and before[k] != now[k]]
         if changed and progress.batches_done:
             self.reporter.warning(f"{', '.join(changed)} since the checkpoint: the rest of epoch {progress.epoch} is "
                                   f"planned anew and its first {progress.batches_done} batches are skipped, so some of "
@@ -226,7 +226,7 @@ class Trainer:
             )
         if len(kept) == 0:
             raise NmtError(f"{name} split of {self.data.path} has no usable pairs")
-        batches = make_batches(split.src_sizes, split.tgt_sizes, cfg.max_tokens, cfg.batch_size,
+        batches = make_batches(split.src_sizes, split.tgt_sizes, cfg.max_tokens_in_use, cfg.batch_size,
                                cfg.required_batch_size_multiple, shuffle_seed, kept)
         self.reporter.info(f"{name}: {len(kept)} pairs in {len(batches)} batches")
         return batches
@@ -284,14 +284,14 @@ class Trainer:
             return stats
         except torch.cuda.OutOfMemoryError:  # torch.OutOfMemoryError in torch >= 2.5
             if self.dist.world_size > 1:
-                raise NmtError(f"out of GPU memory at update {self.progress.num_updates + 1}; lower --max-tokens") from None
+                raise NmtError(f"out of GPU memory at update {self.progress.num_updates + 1}; lower --max-tokens or --batch-size") from None
             self.engine.discard_gradients()
             torch.cuda.empty_cache()
             self.consecutive_oom += 1
             self.skipped_oom += 1
             self.reporter.warning(f"out of GPU memory in update {self.progress.num_updates + 1}; skipped its batches")
             if self.consecutive_oom >= MAX_CONSECUTIVE_OOM:
-                raise NmtError(f"out of GPU memory {self.consecutive_oom} updates in a row; lower --max-tokens") from None
+                raise NmtError(f"out of GPU memory {self.consecutive_oom} updates in a row; lower --max-tokens or --batch-size") from None
             return None
 
     def _after_update(self) -> str:
