@@ -30,7 +30,9 @@ from nmt_cli.config import parse_betas
 from nmt_cli.config import TrainConfig
 from nmt_cli.data.pairs import collate, load_data_bin
 from nmt_cli.errors import NmtError
+from nmt_cli.models import size as size_module
 from nmt_cli.models.registry import build_model, resolve_config
+from nmt_cli.models.size import check_training_fits, parameter_counts, sinusoid_table_values
 from nmt_cli.train import trainer as trainer_module
 from nmt_cli.train.distributed import DistInfo
 from nmt_cli.train.log import MetricsLog, parse_duration
@@ -316,6 +318,51 @@ def test_batch_size_alone_has_no_token_cap_as_in_fairseq(tmp_path: Path) -> None
     assert state["train_config"]["max_tokens"] == 4096 and state["iterator"]["batches_done"] == 1
     resumed = run_cli([data, "--save-dir", by_default, *tiny, "--max-update", "2"])
     assert resumed.exit_code == 0 and "planned anew" not in resumed.stderr
+
+
+def test_a_model_whose_training_cannot_fit_in_memory_is_refused_before_it_is_built(
+        tmp_path: Path, data_bin: Path, monkeypatch) -> None:
+    """Training holds 4 float32 copies of the weights (weights, gradients, Adam's moments):
+    memory for 3 of them passes the check of build_model, and would be exhausted."""
+    model_cfg = resolve_config("transformer_tiny", {})
+    data = load_data_bin(data_bin)
+    weights = 4 * parameter_counts(model_cfg, len(data.src_dict), len(data.tgt_dict))["total"]
+    rest = 4 * sinusoid_table_values(model_cfg) + 10_000 * (model_cfg.encoder_layers + model_cfg.decoder_layers)
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: 3 * weights + rest)
+    monkeypatch.setattr(trainer_module, "build_engine", lambda *args: pytest.fail("the model was built"))
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "1", "--cpu"])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: training this model needs at least 0.0 GB, more than "
+                                                     "this machine's 0.0 GB of memory (0.0 GB for its "), errors
+    assert errors[0].endswith("; lower --encoder-layers, --decoder-layers, --encoder-embed-dim, --decoder-embed-dim, "
+                              "--encoder-ffn-embed-dim or --decoder-ffn-embed-dim")
+    assert not list(run.glob("*.pt"))
+    # What pure-bf16 (a bf16 copy and its gradients) and an EMA (a float32 copy) add.
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: 4 * weights + rest)
+    cpu = torch.device("cpu")
+    check_training_fits(model_cfg, len(data.src_dict), len(data.tgt_dict), cpu)
+    for extra in ({"pure_bf16": True}, {"ema": True}):
+        with pytest.raises(NmtError, match="training this model needs at least"):
+            check_training_fits(model_cfg, len(data.src_dict), len(data.tgt_dict), cpu, **extra)
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: 6 * weights + rest)
+    check_training_fits(model_cfg, len(data.src_dict), len(data.tgt_dict), cpu, pure_bf16=True, ema=True)
+
+
+def test_a_big_models_training_names_what_needs_the_memory(monkeypatch) -> None:
+    monkeypatch.setattr(size_module, "physical_memory_bytes", lambda: 10 * 10**9)
+    model_cfg = resolve_config("transformer_tiny", {"encoder_layers": 100000})
+    parameters = parameter_counts(model_cfg, 100, 100)["total"]
+    size_module.check_model_fits(model_cfg, 100, 100)  # its weights alone (3.4 GB) fit
+    with pytest.raises(NmtError) as refused:
+        check_training_fits(model_cfg, 100, 100, torch.device("cpu"), pure_bf16=True)
+    assert str(refused.value) == (
+        "training this model needs at least 18.1 GB, more than this machine's 10.0 GB of memory "
+        f"(13.7 GB for its {parameters:,} parameters' float32 weights, gradients and Adam's two moments, "
+        "3.4 GB for the bf16 working copy and its gradients (--precision pure-bf16), 1.0 GB for its position "
+        "tables and torch modules); lower --encoder-layers, --decoder-layers, --encoder-embed-dim, "
+        "--decoder-embed-dim, --encoder-ffn-embed-dim or --decoder-ffn-embed-dim")
 
 
 def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:

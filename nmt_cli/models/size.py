@@ -1,4 +1,4 @@
-"""A model's size and work from its config alone, and the refusal of a model too big to build.
+"""A model's size and work from its config alone, and the refusal of a model too big to build or train.
 
 The counts are arithmetic on the config's numbers, so they take no time and no memory
 whatever those numbers are: a model is checked before torch allocates it, or fails
@@ -8,6 +8,8 @@ of transformer.py and layers.py; tests/test_model.py checks them against built m
 """
 
 from __future__ import annotations
+
+import torch
 
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import PAD_ID
@@ -22,6 +24,12 @@ TORCH_MAX_BYTES = 2**63 - 1
 # this (CPython 3.11, torch 2.x). A lower bound, so that no model that fits is
 # refused; it matters for many narrow layers, whose weights are small.
 LAYER_OBJECT_BYTES = 10_000
+# Float32 tensors of a parameter's size that training holds at least: the weight, its
+# gradient and Adam's two moments.
+TRAINING_COPIES = 4
+# The flags that make a model smaller, for the messages that refuse one.
+SIZE_FLAGS = ("--encoder-layers, --decoder-layers, --encoder-embed-dim, --decoder-embed-dim, "
+              "--encoder-ffn-embed-dim or --decoder-ffn-embed-dim")
 
 
 def _linear(in_dim: int, out_dim: int) -> int:
@@ -147,3 +155,40 @@ def check_model_fits(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int)
         parts.append(f"{_gb(objects)} for the torch modules of its {layers:,} layers")
     raise NmtError(f"this model needs at least {_gb(weights + tables + objects)}, more than {than}: "
                    f"{', '.join(parts)}")
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The memory that a model on `device` lives in: the GPU's, else the machine's
+    physical memory (None where the system does not say)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return physical_memory_bytes()
+
+
+def check_training_fits(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, device: torch.device,
+                        pure_bf16: bool = False, ema: bool = False) -> None:
+    """NmtError, in one line, for a model whose training cannot fit in `device`'s memory:
+    its float32 weights, their gradients and Adam's two moments, under pure-bf16 also the
+    bf16 working copy and its gradients, with an EMA its float32 copy (a lower bound:
+    activations come on top). Nothing is refused where the memory size is unknown."""
+    memory = device_memory_bytes(device)
+    if memory is None:
+        return
+    parameters = parameter_counts(cfg, src_vocab_size, tgt_vocab_size)["total"]
+    weights = FLOAT32_BYTES * parameters
+    parts = [(TRAINING_COPIES * weights,
+              f"for its {parameters:,} parameters' float32 weights, gradients and Adam's two moments")]
+    if pure_bf16:  # 2 + 2 bytes a parameter
+        parts.append((weights, "for the bf16 working copy and its gradients (--precision pure-bf16)"))
+    if ema:
+        parts.append((weights, "for the float32 moving average (--ema-decay)"))
+    if device.type == "cpu":  # built on the host: check_model_fits counts the rest there
+        rest = FLOAT32_BYTES * sinusoid_table_values(cfg) + LAYER_OBJECT_BYTES * (cfg.encoder_layers + cfg.decoder_layers)
+        parts.append((rest, "for its position tables and torch modules"))
+    needed = sum(size for size, _ in parts)
+    if needed <= memory:
+        return
+    where = "this machine's" if device.type == "cpu" else f"{device}'s"
+    shown = ", ".join(f"{_gb(size)} {what}" for i, (size, what) in enumerate(parts) if i == 0 or size >= GB_SHOWN)
+    raise NmtError(f"training this model needs at least {_gb(needed)}, more than {where} {_gb(memory)} of memory "
+                   f"({shown}); lower {SIZE_FLAGS}")
