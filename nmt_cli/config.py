@@ -1451,7 +1451,7 @@ class TrainConfig:
     device: str = option("--device", default="auto", help="auto (GPU when available), cpu, cuda or cuda:N.")
     precision: str = option(
         "--precision", default="fp32", choices=TRAIN_PRECISIONS,
-        help="fp32 (TF32 matmuls on GPU), bf16 autocast, fp16 autocast with dynamic loss scaling, or "
+        help="fp32 (TF32 matmuls on GPU), bf16 autocast, fp16 autocast with dynamic loss scaling (a GPU only), or "
              "pure-bf16: the model runs in bf16 and the optimizer updates float32 master weights (fairseq's --bf16).")
     compile: bool = flag_option("--compile", help="Compile the model with torch.compile.")
     log_interval: int = option("--log-interval", default=100, type=int,

@@ -26,6 +26,7 @@ from nmt_cli.config import GenerateConfig, TrainConfig, TranslateConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.options import config_from_params
 from nmt_cli.preprocess.segmented import SENTENCEPIECE, SUBWORD_NMT, find_segmentation
+from nmt_cli.train import trainer as trainer_module
 
 # fairseq's commands, as its READMEs write them ($TEXT: the segmented text's directory).
 IWSLT14_PREPROCESS = ("fairseq-preprocess --source-lang de --target-lang en --trainpref $TEXT/train "
@@ -259,6 +260,8 @@ def test_nbest_text_output_prints_n_lines_per_input_line(iwslt: Path) -> None:
 
 def test_wmt14_preprocess_and_big_training_commands_run(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
+    # The command's --fp16, which `nmt train` refuses on a CPU for its speed alone.
+    monkeypatch.setattr(trainer_module, "check_precision_fits_device", lambda precision, device: None)
     write_segmented(tmp_path / "text", {"train.tok.clean.bpe.32000": 40, "newstest2013.tok.bpe.32000": 5,
                                         "newstest2014.tok.bpe.32000": 5}, ("en", "de"), seed=3)
     assert nmt(nmt_args(WMT14_PREPROCESS, TEXT="text")).exit_code == 0

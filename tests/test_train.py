@@ -365,6 +365,19 @@ def test_a_big_models_training_names_what_needs_the_memory(monkeypatch) -> None:
         "--decoder-embed-dim, --encoder-ffn-embed-dim or --decoder-ffn-embed-dim")
 
 
+@pytest.mark.parametrize("flags", [["--fp16"], ["--precision", "fp16"], ["--precision", "fp16", "--device", "cpu"]])
+def test_fp16_training_on_a_cpu_is_refused(tmp_path: Path, data_bin: Path, monkeypatch, flags: list[str]) -> None:
+    """fp16 autocast runs many times slower than fp32 on a CPU; translate refuses it too."""
+    monkeypatch.setattr(trainer_module.distributed, "default_device", lambda cuda="cuda": "cpu")  # no GPU
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "1", *flags])
+    assert result.exit_code == 1 and "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: --precision fp16 needs --device cuda (this training runs on the CPU: "
+                      "use --precision bf16 or fp32 there)"]
+    assert not run.exists() or not list(run.glob("*.pt"))
+
+
 def test_an_update_is_validated_once_even_at_the_end_of_an_epoch(tmp_path: Path, data_bin: Path) -> None:
     run = tmp_path / "run"
     result = run_cli([data_bin, "--save-dir", run, *TINY, "--validate-interval-updates", "1", "--max-epoch", "2"])
