@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
@@ -126,7 +127,10 @@ def write_output(sink: IO, data: bytes | str, output_path: str, flush: bool = Tr
     reader waiting for these lines gets them now); a full disk is one error line naming
     the output. A reader gone away (`| head`) stays BrokenPipeError: the CLI ends quietly."""
     try:
-        sink.write(data)
+        if isinstance(sink, io.RawIOBase):  # stdout under `python -u` or PYTHONUNBUFFERED
+            _write_all(sink, data)
+        else:
+            sink.write(data)
         if flush:
             sink.flush()
     except BrokenPipeError:
@@ -134,6 +138,14 @@ def write_output(sink: IO, data: bytes | str, output_path: str, flush: bool = Tr
     except OSError as error:
         name = "<stdout>" if output_path == "-" else output_path
         raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
+
+
+def _write_all(sink: io.RawIOBase, data: bytes) -> None:
+    """A raw stream's write may take part of the data and say how much (a disk that
+    fills up mid-write): write the rest until it is all out or the write fails."""
+    view = memoryview(data)
+    while view:
+        view = view[sink.write(view):]
 
 
 # Where /dev/stdout, /dev/stderr, /dev/fd/N and /proc/self/fd/N lead on Linux: the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import pytest
 
 from nmt_cli.checkpoints.format import save_checkpoint
 from nmt_cli.errors import NmtError
-from nmt_cli.files import published_output, refuse_overwriting_inputs
+from nmt_cli.files import published_output, refuse_overwriting_inputs, write_output
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 linux_descriptors = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
@@ -100,3 +102,31 @@ def test_a_checkpoint_path_naming_a_directory_is_one_error(tmp_path: Path, spell
     with pytest.raises(NmtError, match=r"^checkpoint .*(names a directory|is empty); give a file name$"):
         save_checkpoint({"model": {}}, spelling.format(run=run))
     assert (run / "checkpoint_last.pt").read_bytes() == b"the run's checkpoint"
+
+
+class _FillingDisk(io.RawIOBase):
+    """A raw stream (stdout under PYTHONUNBUFFERED) that takes at most 3 bytes a write,
+    as a disk filling up does, and then none: its next write fails."""
+
+    def __init__(self, room: int) -> None:
+        self.written, self.room = bytearray(), room
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self.room == 0:
+            raise OSError(errno.EFBIG, "File too large")
+        taken = bytes(data[: min(3, self.room)])
+        self.written += taken
+        self.room -= len(taken)
+        return len(taken)
+
+
+def test_a_raw_output_that_takes_part_of_a_write_gets_the_rest_or_an_error() -> None:
+    roomy = _FillingDisk(room=100)
+    write_output(roomy, b"one line\nanother\n", "-")
+    assert bytes(roomy.written) == b"one line\nanother\n"  # each write took 3 bytes of it
+    full = _FillingDisk(room=7)
+    with pytest.raises(NmtError, match="^cannot write <stdout>: File too large$"):
+        write_output(full, b"one line\nanother\n", "-")
