@@ -24,7 +24,7 @@ from nmt_cli.data.batching import check_update_freq, epoch_batches, filter_by_si
 from nmt_cli.data.pairs import PairDataset, load_data_bin
 from nmt_cli.errors import NmtError
 from nmt_cli.host_memory import keep_freed_memory, release_freed_memory
-from nmt_cli.models.size import check_training_fits
+from nmt_cli.models.size import check_model_fits, check_training_fits
 from nmt_cli.run_lock import directory_lock
 from nmt_cli.train import agreement, distributed
 from nmt_cli.train.best import KeepBestChange, is_better, keep_best
@@ -120,9 +120,13 @@ class Trainer:
             # Equal sizes are not enough: one embedding row must mean one symbol on both sides.
             raise NmtError(f"--share-all-embeddings needs one joined dictionary, but {cfg.data} has different "
                            "source and target dictionaries (preprocess with --joined-dictionary)")
-        # Before anything is built: a model whose training cannot fit would swap the machine to a standstill.
-        check_training_fits(model_cfg, len(self.data.src_dict), len(self.data.tgt_dict), dist.device,
-                            pure_bf16=cfg.precision == "pure-bf16", ema=cfg.ema_decay_in_use is not None)
+        # Before anything is built: a model whose training cannot fit would swap the machine to a
+        # standstill. First the model alone (build_model's check, whose messages say which part
+        # cannot be built), then what training holds on top.
+        vocab_sizes = len(self.data.src_dict), len(self.data.tgt_dict)
+        check_model_fits(model_cfg, *vocab_sizes)
+        check_training_fits(model_cfg, *vocab_sizes, dist.device, pure_bf16=cfg.precision == "pure-bf16",
+                            ema=cfg.ema_decay_in_use is not None)
         if cfg.reset_run:  # a fresh start on every rank, whatever a node-local --save-dir still holds
             shared = agreement.ResumeState(None, "no checkpoint (--reset-run)")
         else:
