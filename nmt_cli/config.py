@@ -744,6 +744,7 @@ def check_language_code(lang: str, what: str) -> None:
     if not lang or any(c in lang for c in "/\\. "):
         raise NmtError(f"{what} must be a plain language code like 'en' (got {lang!r})")
 
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """`nmt preprocess`: raw parallel text -> data-bin/. Field names follow fairseq's flags."""
@@ -868,6 +869,7 @@ class PreprocessConfig:
         reason = "--bpe none learns no BPE" if self.bpe == "none" else "--bpe-model gives the BPE model"
         given = [name for name in ("bpe_size", "bpe_sample", "bpe_seed") if name in given_flags]
         return [f"warning: --{name.replace('_', '-')} is ignored: {reason}" for name in given]
+
 
 @dataclass(frozen=True)
 class LearnBpeConfig:
@@ -1656,6 +1658,8 @@ class PlotConfig:
             raise NmtError("nmt plot needs at least one RUN (a run directory or its train_log.jsonl)")
         if Path(self.output).suffix.lower() not in PLOT_FORMATS:
             raise NmtError(f"--output {self.output!r} must end in {', '.join(PLOT_FORMATS)} (the figure's format)")
+
+
 # --- serving (nmt serve) ----------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from nmt_cli.models.fast.options import DecodingOptions
 from nmt_cli.models.size import check_model_fits
 from nmt_cli.models.transformer import Transformer
 
+
 def _same_sides(dim: int, ffn: int, layers: int, heads: int, dropout: float) -> ModelConfig:
     """An encoder and a decoder of the same shape, as every preset here has."""
     return ModelConfig(
