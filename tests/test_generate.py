@@ -288,6 +288,22 @@ def test_a_fairseq_data_bin_trains_generates_and_its_run_translates_bpe(tmp_path
     assert_one_error(raw.exit_code, raw.stderr, "no meta.json", "--input-format bpe")
 
 
+def test_a_full_disk_is_one_error_line_naming_the_output(workspace, tmp_path):
+    resource = pytest.importorskip("resource")
+    _, checkpoint = workspace
+    # Output beyond the text stream's buffer: it fails in a write, not at the file's close.
+    data_bin = write_data_bin(tmp_path / "bin", {"train": reversal_pairs(20, 0), "test": reversal_pairs(300, 1)})
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))  # `ulimit -f`: less than the output
+    try:
+        result = nmt(["generate", data_bin, "--path", checkpoint, "--cpu", *SHORT, "--results-path", tmp_path / "out"])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    output = tmp_path / "out" / "generate-test.txt"
+    assert_one_error(result.exit_code, result.stderr, f"cannot write {output}: File too large")
+    assert list((tmp_path / "out").iterdir()) == []  # nothing half-written under the output's name
+
+
 def test_bad_input_is_one_error_line(workspace, tmp_path):
     data_bin, checkpoint = workspace
     cases = [

@@ -46,4 +46,4 @@ def generate(**params: Any) -> None:
         make_parent_directory(path)
         target = str(path)
     with published_output(target, "w") as out:
-        run_generate(cfg, out, sys.stderr)
+        run_generate(cfg, out, target, sys.stderr)

@@ -19,6 +19,7 @@ text, and so it is here: `--remove-bpe` is what turns pieces back into words.
 
 from __future__ import annotations
 
+import io
 import math
 import time
 from contextlib import nullcontext
@@ -35,6 +36,7 @@ from nmt_cli.decode.loading import LoadedModels, load_models
 from nmt_cli.decode.forced import cross_attention, hard_alignment, pad_rows, reference_log_probs
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, generate
 from nmt_cli.errors import NmtError
+from nmt_cli.files import write_output
 from nmt_cli.scoring.fairseq_bleu import FairseqBleu
 from nmt_cli.text.pipeline import remove_bpe_symbols
 
@@ -134,9 +136,10 @@ def check_sizes(pairs: PairDataset, models: LoadedModels, prefix: str, max_token
             raise NmtError(f"{prefix}: sentence {i} has {int(longest[i])} tokens, more than --max-tokens {max_tokens}")
 
 
-def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
+def run_generate(cfg: GenerateConfig, out: IO[str], output_name: str, log: IO[str]) -> Summary:
     """Decode `cfg.gen_subset` of `cfg.data` with `cfg.checkpoints`, writing fairseq-generate's lines to
-    `out` and its `Translated ...` line to `log`."""
+    `out` (the file `output_name`, "-" for stdout, which a write error names) and its
+    `Translated ...` line to `log`."""
     device = torch.device(cfg.device)
     if cfg.fp16 and device.type != "cuda":
         raise NmtError("--fp16 needs a GPU (none is available, or --cpu was given)")
@@ -182,15 +185,17 @@ def run_generate(cfg: GenerateConfig, out: IO[str], log: IO[str]) -> Summary:
             torch.cuda.synchronize()
         seconds += time.perf_counter() - started
         tokens += sum(len(h[0].tokens) for h in hypotheses if h)
+        lines = io.StringIO()  # the batch's lines, written at once
         for row, sentence in enumerate(ids):
-            write_sentence(out, cfg, models, int(sentence), sources[row], targets[row], hypotheses[row], alignments[row],
-                           bleu, sacre_refs, sacre_hyps)
+            write_sentence(lines, cfg, models, int(sentence), sources[row], targets[row], hypotheses[row],
+                           alignments[row], bleu, sacre_refs, sacre_hyps)
+        write_output(out, lines.getvalue(), output_name, flush=False)
     if cfg.scoring == "sacrebleu":
         bleu_line = sacrebleu_result(sacre_hyps, sacre_refs)
     else:
         bleu_line = bleu.result_string()
     summary = Summary(len(pairs), tokens, seconds, f"Generate {cfg.gen_subset} with beam={cfg.decode.beam}: {bleu_line}")
-    write_summary(out, log, summary)
+    write_summary(out, output_name, log, summary)
     return summary
 
 
@@ -281,9 +286,9 @@ def sacrebleu_result(hyps: list[str], refs: list[str]) -> str:
     return sacrebleu.corpus_bleu([tokenize(h) for h in hyps], [[tokenize(r) for r in refs]], tokenize="none").format()
 
 
-def write_summary(out: IO[str], log: IO[str], summary: Summary) -> None:
+def write_summary(out: IO[str], output_name: str, log: IO[str], summary: Summary) -> None:
     """As fairseq: the `Translated` line is logged (stderr), the BLEU line printed with the sentences."""
     seconds = summary.seconds or float("nan")
     log.write(f"Translated {summary.sentences:,} sentences ({summary.tokens:,} tokens) in {summary.seconds:.1f}s "
               f"({summary.sentences / seconds:.2f} sentences/s, {summary.tokens / seconds:.2f} tokens/s)\n")
-    out.write(summary.bleu_line + "\n")
+    write_output(out, summary.bleu_line + "\n", output_name)
