@@ -12,6 +12,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
@@ -85,6 +86,12 @@ def check_finite_numbers(config: Any) -> None:
         value = getattr(config, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise NmtError(f"--{field.name.replace('_', '-')} must be a finite number (got {value})")
+
+
+def first_changed(config: Any, names: Iterable[str]) -> str | None:
+    """The flag (--name) of the first field of `names` whose value is not its default."""
+    defaults = {field.name: field.default for field in fields(config)}
+    return next((f"--{name.replace('_', '-')}" for name in names if getattr(config, name) != defaults[name]), None)
 
 
 def check_choices(config: Any) -> None:
@@ -860,7 +867,6 @@ class PreprocessConfig:
                 "pass that model with --bpe-model (or use --bpe none for pre-segmented text)"
             )
 
-
     def ignored_bpe_options(self, given_flags: frozenset[str]) -> list[str]:
         """Warnings for the options of BPE learning in `given_flags` (field names given on the
         command line) when no BPE is learned: --bpe none, or --bpe-model gives the model."""
@@ -978,6 +984,7 @@ class MarianImportConfig:
 
     def __post_init__(self) -> None:
         _check_import_languages(self)
+
 
 # --- scoring (nmt score) ---------------------------------------------------------------
 
@@ -1188,13 +1195,13 @@ LR_SCHEDULERS = ("inverse_sqrt", "noam", "fixed")
 BEST_CHECKPOINT_METRICS = ("loss", "nll", "bleu", "chrf")
 # Metrics where higher is better (selected by --eval-bleu's scores); the others are minimized.
 MAXIMIZED_METRICS = ("bleu", "chrf")
-# --eval-bleu-args keys (fairseq's generation arguments) and the TrainConfig fields they set.
 # The settings of --eval-bleu, which act only with it.
 EVAL_BLEU_SETTINGS = ("eval_bleu_beam", "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
                       "eval_bleu_subset_lines", "eval_bleu_chrf", "eval_bleu_args", "eval_bleu_detok",
                       "eval_bleu_detok_args", "eval_tokenized_bleu", "eval_bleu_remove_bpe", "eval_bleu_print_samples")
 # The settings of validation, which act only without --disable-validation.
 VALIDATION_SETTINGS = ("valid_subset", "validate_interval", "validate_interval_updates", "best_checkpoint_metric")
+# --eval-bleu-args keys (fairseq's generation arguments) and the TrainConfig fields they set.
 EVAL_BLEU_ARGS = {"beam": "eval_bleu_beam", "lenpen": "eval_bleu_lenpen", "max_len_a": "eval_bleu_max_len_a",
                   "max_len_b": "eval_bleu_max_len_b"}
 # --eval-bleu-detok values and the data-bin tokenizer each names: nmt detokenizes as the data-bin says.
@@ -1550,17 +1557,10 @@ class TrainConfig:
             raise NmtError(f"--best-checkpoint-metric {metric} needs --eval-bleu (it scores the validation translations)")
         if self.eval_bleu and self.disable_validation:
             raise NmtError("--eval-bleu scores validations, and --disable-validation turns them off; drop one")
-        defaults = {f.name: f.default for f in fields(self)}
-        if not self.eval_bleu:
-            for name in EVAL_BLEU_SETTINGS:
-                if getattr(self, name) != defaults[name]:
-                    raise NmtError(f"--{name.replace('_', '-')} is a setting of --eval-bleu: add --eval-bleu, "
-                                   "or drop it")
-        if self.disable_validation:
-            for name in VALIDATION_SETTINGS:
-                if getattr(self, name) != defaults[name]:
-                    raise NmtError(f"--{name.replace('_', '-')} sets the validations, and --disable-validation "
-                                   "turns them off; drop one")
+        if not self.eval_bleu and (flag := first_changed(self, EVAL_BLEU_SETTINGS)):
+            raise NmtError(f"{flag} is a setting of --eval-bleu: add --eval-bleu, or drop it")
+        if self.disable_validation and (flag := first_changed(self, VALIDATION_SETTINGS)):
+            raise NmtError(f"{flag} sets the validations, and --disable-validation turns them off; drop one")
         for flag, following_validations in (("--patience", self.patience > 0),
                                             ("--keep-best-checkpoints", self.keep_best_checkpoints > 0)):
             if following_validations and self.disable_validation:

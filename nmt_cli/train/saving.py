@@ -49,7 +49,7 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     names = [p.name for p in text_files(data.path, (data.source_lang, data.target_lang)) if p.parent == data.path]
     config_text = json.dumps(run_config(cfg, model_cfg), indent=2) + "\n"
     try:
-        for name in dict.fromkeys(names):
+        for name in names:  # text_files lists each once
             replace_atomically(save_dir / name, partial(shutil.copyfile, data.path / name))
         replace_atomically(save_dir / "config.json", lambda tmp: tmp.write_text(config_text, encoding="utf-8"))
     except OSError as error:
