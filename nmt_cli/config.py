@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from nmt_cli.errors import NmtError
+from nmt_cli.field_types import has_type
 from nmt_cli.machine import check_cpu_count, check_cuda_device, check_device_string, default_device
 from nmt_cli.options import (Alias, Refused, auto_switch, choice_alias, flag_of, flag_option, no_effect_alias, option,
                              refused_alias, switch_alias, value_alias)
@@ -231,18 +232,9 @@ class ModelConfig:
             raise NmtError(f"unknown model config fields: {', '.join(map(str, unknown))}")
         for name, value in values.items():
             expected = type(known[name].default)  # every field has a default of its own type
-            if not _has_type(value, expected):
+            if not has_type(value, (int, float) if expected is float else (expected,)):  # an int fits a float
                 raise NmtError(f"model config field {name} is {value!r}, not of type {expected.__name__}")
         return cls(**values)
-
-
-def _has_type(value: Any, expected: type) -> bool:
-    """Whether a stored value fits a field of type `expected` (an int fits a float; a bool is not a number)."""
-    if isinstance(value, bool):
-        return expected is bool
-    if expected is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, expected)
 
 
 # fairseq's flags of its train, generate and interactive commands that nmt has no setting for.

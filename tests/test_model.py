@@ -686,6 +686,11 @@ def test_presets_and_resolve_config() -> None:
         resolve_config("transformer_tiny", {"encoder_attention_heads": 3})
     with pytest.raises(NmtError, match="unknown model config fields: depth"):
         resolve_config("transformer_tiny", {"depth": 3})
+    # Sharing all embeddings ties the decoder's output to its input: asking to untie them is refused.
+    with pytest.raises(NmtError, match="drop --no-share-decoder-input-output-embed"):
+        resolve_config("transformer_tiny", {"share_all_embeddings": True, "share_decoder_input_output_embed": False})
+    tied = resolve_config("transformer_tiny", {"share_all_embeddings": True, "share_decoder_input_output_embed": True})
+    assert tied.share_all_embeddings and tied.share_decoder_input_output_embed
 
 
 @pytest.mark.parametrize("arch", ["transformer", "transformer_wmt_en_de"])
@@ -809,3 +814,11 @@ def test_a_stored_model_config_outside_its_choices_is_one_error(field, value):
     # A checkpoint's config skips click's own check of the choices.
     with pytest.raises(NmtError, match=f"must be one of .* \\(got '{value}'\\)"):
         ModelConfig.from_dict({field: value})
+
+
+def test_a_stored_model_configs_field_types() -> None:
+    # JSON writes 0.0 as 0 in some tools: an int fits a float field; a bool is no count, a string no number.
+    assert ModelConfig.from_dict({"dropout": 0}).dropout == 0
+    for field, value in [("encoder_layers", True), ("dropout", "0.1"), ("share_all_embeddings", 1)]:
+        with pytest.raises(NmtError, match=f"model config field {field} is .*, not of type"):
+            ModelConfig.from_dict({field: value})

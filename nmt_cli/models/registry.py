@@ -71,7 +71,13 @@ def resolve_config(arch: str, overrides: dict[str, Any]) -> ModelConfig:
     if arch in DECODER_FOLLOWS_ENCODER:
         overrides = {**{decoder: overrides[encoder] for decoder, encoder in _FOLLOWED.items() if encoder in overrides},
                      **overrides}
-    return dataclasses.replace(ARCHITECTURES[arch], **overrides)
+    cfg = dataclasses.replace(ARCHITECTURES[arch], **overrides)
+    # One matrix serves encoder input, decoder input and output: asked to untie the last two,
+    # the model would share them anyway, so the request is refused rather than ignored.
+    if cfg.share_all_embeddings and overrides.get("share_decoder_input_output_embed") is False:
+        raise NmtError("--share-all-embeddings ties the decoder's input and output embeddings too: "
+                       "drop --no-share-decoder-input-output-embed, or share less")
+    return cfg
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, initialise: bool = True,
