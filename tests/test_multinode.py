@@ -294,6 +294,40 @@ def test_a_rank_waiting_for_rank_0_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_pa
             rank.wait()
 
 
+def test_ranks_waiting_for_a_missing_rank_say_which_and_stop_at_ctrl_c_or_sigterm(tmp_path: Path,
+                                                                                   data_bin: Path) -> None:
+    """Ranks 0 to 2 of four, rank 3 never started: torch's wait for it, in C++, took neither
+    signal and said nothing; only SIGKILL ended them. A rank whose rank 0 stops says so in one line."""
+    port = str(free_port())
+    ranks = {}
+    for rank in range(3):
+        command = [sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--arch", "transformer_tiny",
+                   "--save-dir", str(tmp_path / f"rank{rank}"), "--cpu", "--max-update", "1"]
+        env = launch_env(WORLD_SIZE="4", RANK=str(rank), LOCAL_RANK="0", MASTER_PORT=port)
+        ranks[rank] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(TIMEOUT, lambda: [process.kill() for process in ranks.values()])
+    watchdog.start()
+    try:
+        for rank, process in ranks.items():
+            notice = process.stderr.readline()  # after WAIT_NOTICE_SECONDS
+            assert notice == f"rank {rank} of 4: waiting for ranks 3 to join (for up to 30 minutes)\n", notice
+        for rank, sig, code, said in ((2, signal.SIGTERM, 143, "terminated\n"),
+                                      (0, signal.SIGINT, 130, "interrupted\n"),
+                                      (1, None, 1, f"error: rank 1 of 4: rank 0's store at MASTER_ADDR:MASTER_PORT "
+                                                   f"127.0.0.1:{port} closed while waiting for ranks 3 to join; "
+                                                   "did rank 0 stop?\n")):
+            if sig is not None:
+                ranks[rank].send_signal(sig)
+            rest = ranks[rank].stderr.read()
+            assert ranks[rank].wait(timeout=60) == code, rest
+            assert rest == said, rest
+    finally:
+        watchdog.cancel()
+        for process in ranks.values():
+            process.kill()
+            process.wait()
+
+
 def test_a_master_port_in_use_is_one_error_line(tmp_path: Path, data_bin: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

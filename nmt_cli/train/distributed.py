@@ -7,10 +7,12 @@ CPU). A plain `nmt train` is a world of one and touches no process group.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,6 +25,8 @@ from nmt_cli.machine import check_cuda_device, default_device
 
 # After this long without rank 0, a waiting rank says what it waits for.
 WAIT_NOTICE_SECONDS = 10.0
+# The store key under which each rank says it has joined (one key per rank: JOINED_KEY/RANK).
+JOINED_KEY = "nmt/joined"
 
 
 @dataclass(frozen=True)
@@ -93,15 +97,28 @@ def setup(device: str) -> DistInfo:
 
 def join_process_group(rank: int, world_size: int, device: torch.device) -> None:
     """Make the default process group (NCCL on GPU, gloo on CPU), waiting up to 30 minutes
-    for every rank to join."""
+    for every rank to join.
+
+    Launched by hand (MASTER_ADDR and the rest set for each process), the ranks meet at rank
+    0's store in `wait_for_ranks`, a wait in Python that Ctrl-C and SIGTERM end: torch's own
+    wait for them retries in C++ through both signals. Under torchrun every rank starts
+    once all nodes have met, in torchrun's agent, so torch's rendezvous has nothing to wait for.
+    """
     timeout = timedelta(minutes=30)
-    if rank != 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        wait_for_store(rank, world_size, timeout)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    placement = {"device_id": device} if device.type == "cuda" else {}
     try:
-        if device.type == "cuda":
-            dist.init_process_group("nccl", rank=rank, world_size=world_size, timeout=timeout, device_id=device)
-        else:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            wait_for_store(rank, world_size, timeout)
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout, **placement)
+            return
+        if rank != 0:
+            wait_for_store(rank, world_size, timeout)
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                              is_master=rank == 0, timeout=timeout, wait_for_workers=False)
+        wait_for_ranks(store, rank, world_size, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                                **placement)
     except dist.DistError as error:
         raise _launch_error(error, rank, world_size) from None
 
@@ -111,8 +128,7 @@ def wait_for_store(rank: int, world_size: int, timeout: timedelta) -> None:
 
     torch's own wait for it retries in C++ through signals: a rank started before rank 0
     took neither Ctrl-C nor SIGTERM, and printed a C++ stack at each. Waited for here,
-    in Python, a signal ends the wait; torch then connects at once. (Once connected,
-    torch's wait for the other ranks is its own again.)
+    in Python, a signal ends the wait; torch then connects at once.
     """
     address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     started = time.monotonic()
@@ -132,6 +148,60 @@ def wait_for_store(rank: int, world_size: int, timeout: timedelta) -> None:
                 print(f"rank {rank} of {world_size}: waiting for rank 0 at MASTER_ADDR:MASTER_PORT "
                       f"{address[0]}:{address[1]} (for up to 30 minutes)", file=sys.stderr, flush=True)
             time.sleep(0.5)
+
+
+def wait_for_ranks(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> None:
+    """Mark this rank as joined in the store and wait, in Python, until every rank has.
+
+    One key per rank, so a rank that is restarted while the others wait counts once.
+    """
+    keys = [f"{JOINED_KEY}/{other}" for other in range(world_size)]
+    started = time.monotonic()
+    noticed = False
+    missing: list[int] = []
+    try:
+        with _native_stderr_silenced():
+            store.set(keys[rank], "1")
+        while True:
+            with _native_stderr_silenced():
+                missing = [other for other, key in enumerate(keys) if not store.check([key])]
+            if not missing:
+                return
+            waited = time.monotonic() - started
+            if waited > timeout.total_seconds():
+                raise NmtError(f"rank {rank} of {world_size}: ranks {_listed(missing)} did not join at MASTER_ADDR:"
+                               f"MASTER_PORT within {waited / 60:.0f} minutes; are they running with the same "
+                               "MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")
+            if waited > WAIT_NOTICE_SECONDS and not noticed:  # a silent half hour would look like a hang
+                noticed = True
+                print(f"rank {rank} of {world_size}: waiting for ranks {_listed(missing)} to join "
+                      "(for up to 30 minutes)", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+    except dist.DistError:
+        waiting_for = f" while waiting for ranks {_listed(missing)} to join" if missing else ""
+        raise NmtError(f"rank {rank} of {world_size}: rank 0's store at MASTER_ADDR:MASTER_PORT "
+                       f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} closed{waiting_for}; "
+                       "did rank 0 stop?") from None
+
+
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Standard error closed to C++ for the block: torch's store logs a warning with a C++
+    stack before it raises on a lost connection, which `wait_for_ranks` reports in one line."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _listed(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def _launch_error(error: dist.DistError, rank: int, world_size: int) -> NmtError:
