@@ -8,6 +8,7 @@ checkpoint differs from rank 0's and of a rank 0 that has none while another ran
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -267,26 +270,20 @@ def launch_env(**launch: str) -> dict[str, str]:
     return {**env, "MASTER_ADDR": "127.0.0.1", **launch}
 
 
-def test_a_rank_waiting_for_rank_0_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_path: Path, data_bin: Path) -> None:
-    """torch waits for rank 0's store in C++, which retried through both signals (and printed
-    a C++ stack at each): a rank started before rank 0 could only be killed."""
+@contextlib.contextmanager
+def waiting_ranks(save_root: Path, data_bin: Path, launches: dict[Any, dict[str, str]]) -> Iterator[dict]:
+    """One `nmt train` process for each name -> launch environment, its stderr a pipe; all
+    killed at the end, and by a watchdog after TIMEOUT: a rank that takes no signal would
+    leave a test's readline waiting for ever."""
     ranks = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        env = launch_env(WORLD_SIZE="2", RANK="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()))
+    for name, launch in launches.items():
         command = [sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--arch", "transformer_tiny",
-                   "--save-dir", str(tmp_path / sig.name), "--cpu", "--max-update", "1"]
-        ranks[sig] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    # A rank that takes no signal would leave its readline below waiting for ever.
+                   "--save-dir", str(save_root / str(name)), "--cpu", "--max-update", "1"]
+        ranks[name] = subprocess.Popen(command, env=launch_env(**launch), stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(TIMEOUT, lambda: [rank.kill() for rank in ranks.values()])
     watchdog.start()
     try:
-        for sig, rank in ranks.items():
-            notice = rank.stderr.readline()  # after WAIT_NOTICE_SECONDS
-            assert notice.startswith("rank 1 of 2: waiting for rank 0 at MASTER_ADDR:MASTER_PORT 127.0.0.1:"), notice
-            rank.send_signal(sig)
-            rest = rank.stderr.read()
-            assert rank.wait(timeout=60) == 128 + sig, rest
-            assert rest == ("interrupted\n" if sig == signal.SIGINT else "terminated\n"), rest
+        yield ranks
     finally:
         watchdog.cancel()
         for rank in ranks.values():
@@ -294,20 +291,28 @@ def test_a_rank_waiting_for_rank_0_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_pa
             rank.wait()
 
 
+def test_a_rank_waiting_for_rank_0_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_path: Path, data_bin: Path) -> None:
+    """torch waits for rank 0's store in C++, which retried through both signals (and printed
+    a C++ stack at each): a rank started before rank 0 could only be killed."""
+    launches = {sig: dict(WORLD_SIZE="2", RANK="1", LOCAL_RANK="0", MASTER_PORT=str(free_port()))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    with waiting_ranks(tmp_path, data_bin, launches) as ranks:
+        for sig, rank in ranks.items():
+            notice = rank.stderr.readline()  # after WAIT_NOTICE_SECONDS
+            assert notice.startswith("rank 1 of 2: waiting for rank 0 at MASTER_ADDR:MASTER_PORT 127.0.0.1:"), notice
+            rank.send_signal(sig)
+            rest = rank.stderr.read()
+            assert rank.wait(timeout=60) == 128 + sig, rest
+            assert rest == ("interrupted\n" if sig == signal.SIGINT else "terminated\n"), rest
+
+
 def test_ranks_waiting_for_a_missing_rank_say_which_and_stop_at_ctrl_c_or_sigterm(tmp_path: Path,
                                                                                    data_bin: Path) -> None:
     """Ranks 0 to 2 of four, rank 3 never started: torch's wait for it, in C++, took neither
     signal and said nothing; only SIGKILL ended them. A rank whose rank 0 stops says so in one line."""
     port = str(free_port())
-    ranks = {}
-    for rank in range(3):
-        command = [sys.executable, "-m", "nmt_cli", "train", str(data_bin), "--arch", "transformer_tiny",
-                   "--save-dir", str(tmp_path / f"rank{rank}"), "--cpu", "--max-update", "1"]
-        env = launch_env(WORLD_SIZE="4", RANK=str(rank), LOCAL_RANK="0", MASTER_PORT=port)
-        ranks[rank] = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(TIMEOUT, lambda: [process.kill() for process in ranks.values()])
-    watchdog.start()
-    try:
+    launches = {rank: dict(WORLD_SIZE="4", RANK=str(rank), LOCAL_RANK="0", MASTER_PORT=port) for rank in range(3)}
+    with waiting_ranks(tmp_path, data_bin, launches) as ranks:
         for rank, process in ranks.items():
             notice = process.stderr.readline()  # after WAIT_NOTICE_SECONDS
             assert notice == f"rank {rank} of 4: waiting for ranks 3 to join (for up to 30 minutes)\n", notice
@@ -321,11 +326,6 @@ def test_ranks_waiting_for_a_missing_rank_say_which_and_stop_at_ctrl_c_or_sigter
             rest = ranks[rank].stderr.read()
             assert ranks[rank].wait(timeout=60) == code, rest
             assert rest == said, rest
-    finally:
-        watchdog.cancel()
-        for process in ranks.values():
-            process.kill()
-            process.wait()
 
 
 def test_a_master_port_in_use_is_one_error_line(tmp_path: Path, data_bin: Path) -> None:
