@@ -1,8 +1,9 @@
-"""Process-group setup for `torchrun`: which rank this is, which device it uses.
+"""Process-group setup: which rank this is, which device it uses.
 
-Under `torchrun` the environment holds RANK, LOCAL_RANK and WORLD_SIZE; with
-WORLD_SIZE > 1 the default process group is initialised from it (NCCL on GPU, gloo on
-CPU). A plain `nmt train` is a world of one and touches no process group.
+Under `torchrun`, or launched by hand on each node, the environment holds RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; with WORLD_SIZE > 1 the default
+process group is initialised from it (NCCL on GPU, gloo on CPU). A plain `nmt train` is
+a world of one and touches no process group.
 """
 
 from __future__ import annotations
