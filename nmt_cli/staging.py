@@ -6,6 +6,11 @@ killed while replacing an earlier output, `.NAME.old-PID`) for a directory, and 
 file; never a destination that looks complete. The next run removes such leftovers
 once their process is gone. A NAME too long to leave room for what these add is cut
 (`hidden_stem`), so that any name the file system takes can be published.
+
+An output that replaces another keeps that one's permissions, as `cp` onto an existing
+file does (`keep_permissions`), and is private while it is built (`start_private_file`,
+`create_staging`): a private file or directory never becomes readable by others. A new
+output gets the umask's default mode.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -148,7 +154,8 @@ def create_staging(dest: Path) -> Path:
     staging = partial_sibling(dest)
     if os.path.lexists(staging):
         remove_entry(staging, ignore_errors=False)
-    staging.mkdir()
+    # Replacing an output, which may be private: private until publish gives it that one's mode.
+    staging.mkdir(mode=0o700 if os.path.lexists(dest) else 0o777)
     return staging
 
 
@@ -190,6 +197,7 @@ def publish(staging: Path, dest: Path) -> None:
     # A process standing in `dest` (`--destdir .`) would be left in the deleted old directory.
     stands_in_dest = dest.exists() and os.path.samestat(os.lstat(dest), os.stat("."))
     if os.path.lexists(dest):
+        keep_permissions(dest, staging)
         old = dest.parent / f"{hidden_stem(dest)}{REPLACED}{os.getpid()}"
         os.rename(dest, old)
     os.rename(staging, dest)
@@ -239,8 +247,10 @@ def published_on_success(target: Path) -> Iterator[Path]:
     tmp = temp_sibling(target)
     try:
         remove_stale_temp_files(target)
+        start_private_file(tmp, target)
         yield tmp
         fsync_path(tmp)
+        keep_permissions(target, tmp)
         os.replace(tmp, target)
     except BaseException:
         try:
@@ -249,6 +259,35 @@ def published_on_success(target: Path) -> Iterator[Path]:
             pass
         raise
     fsync_directory(target.parent)
+
+
+def start_private_file(tmp: Path, target: Path) -> None:
+    """Create `tmp`, empty and readable by its owner only (0600), where it is to replace an
+    existing `target`, which may be private; its writer opens it again and writes it (`wb`
+    keeps the mode). Where `target` is new, the writer creates `tmp` with the umask's mode."""
+    if os.path.exists(target):
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+
+
+def keep_permissions(replaced: Path, new: Path) -> None:
+    """Give `new`, about to be renamed over `replaced`, the group and permission bits of
+    `replaced` (what it names, through a link), as `cp` onto an existing file keeps them;
+    nothing where `replaced` does not exist. `new` is ours, so its mode can be set; its
+    group only to one of ours (or as root), and otherwise it gets no group bits."""
+    try:
+        old = os.stat(replaced)
+    except FileNotFoundError:
+        return
+    mode = stat.S_IMODE(old.st_mode)
+    if os.stat(new).st_gid != old.st_gid:
+        try:
+            os.chown(new, -1, old.st_gid)
+        except PermissionError:
+            mode &= ~0o070  # our group is not the one those bits were meant for
+    try:
+        os.chmod(new, mode)
+    except PermissionError:
+        pass  # a file system without Unix modes (vfat, some network mounts): they are the mount's
 
 
 def temp_sibling(target: Path) -> Path:

@@ -20,7 +20,8 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.meta import text_files
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import fsync_directory, fsync_path, replace_atomically, temp_sibling
+from nmt_cli.staging import (fsync_directory, fsync_path, keep_permissions, replace_atomically, start_private_file,
+                             temp_sibling)
 
 # The journal of a save in progress: which complete temporary files become which checkpoints.
 PENDING_SAVE = ".checkpoint_save.json"
@@ -93,6 +94,11 @@ def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str], d
     """
     temps = [temp_sibling(save_dir / name) for name in names]
     try:
+        for name, tmp in zip(names, temps):  # private while written where they replace files (maybe private)
+            try:
+                start_private_file(tmp, save_dir / name)
+            except OSError as error:
+                raise NmtError(f"cannot write checkpoint {save_dir / name}: {error.strerror or error}") from None
         serialise_checkpoint(state, temps[0], save_dir / names[0])
         for name, tmp in zip(names[1:], temps[1:]):
             try:
@@ -131,6 +137,7 @@ def finish_pending_save(save_dir: Path) -> None:
             raise NmtError(f"{journal_path} names a file outside the run directory")
         for tmp, name in pairs:
             if (save_dir / tmp).is_file():  # gone: renamed before the kill
+                keep_permissions(save_dir / name, save_dir / tmp)
                 os.replace(save_dir / tmp, save_dir / name)
         fsync_directory(save_dir)
         for name in deletions:
