@@ -223,3 +223,17 @@ def test_export_force_over_a_private_directory_keeps_it_private(tmp_path: Path, 
     assert (mode(out), mode(fresh)) == (0o700, new_directory_mode(tmp_path))
     assert "other.json" not in os.listdir(out)
     assert {mode(p) for p in out.iterdir()} == {new_file_mode(tmp_path)}  # new files: the umask's mode
+
+
+def test_binarize_over_private_files_keeps_them_private(tmp_path: Path) -> None:
+    dictionary = tmp_path / "dict.txt"
+    dictionary.write_text("a 3\nb 2\n")
+    text = tmp_path / "text.txt"
+    text.write_text("a b\nb a a\n")
+    old = [existing_file(tmp_path / f"t{suffix}", permissions) for suffix, permissions in ((".bin", 0o600),
+                                                                                         (".idx", 0o640))]
+    for prefix in (tmp_path / "t", tmp_path / "fresh"):
+        result = nmt(["binarize", "--dict", dictionary, "--input", text, "--output-prefix", prefix])
+        assert result.exit_code == 0, result.output
+    assert [mode(path) for path in old] == [cp_onto(tmp_path, 0o600), cp_onto(tmp_path, 0o640)]
+    assert {mode(tmp_path / f"fresh{suffix}") for suffix in (".bin", ".idx")} == {new_file_mode(tmp_path)}

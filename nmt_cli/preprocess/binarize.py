@@ -14,7 +14,8 @@ from nmt_cli.preprocess.progress import StageReporter
 from nmt_cli.preprocess.stages import BinarizeResult, JobRunner
 from nmt_cli.preprocess.workers import binarize_file
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import PARTIAL, fsync_directory, hidden_stem, leftovers_of_dead_processes, partial_sibling
+from nmt_cli.staging import (PARTIAL, fsync_directory, hidden_stem, keep_permissions, leftovers_of_dead_processes,
+                             partial_sibling)
 from nmt_cli.text.reader import count_lines
 
 
@@ -53,7 +54,9 @@ def _publish_pair(partial: Path, prefix: Path) -> None:
     sentences lie, so it is the record of a complete pair: the old one goes first and the
     new one comes last. A process killed in between leaves a .bin without its .idx, which
     readers take for a missing split (and the next binarize replaces), never a new .bin
-    read through an old .idx."""
+    read through an old .idx. Replaced files' permissions stay (see staging.keep_permissions)."""
+    for suffix in (".bin", ".idx"):
+        keep_permissions(Path(f"{prefix}{suffix}"), Path(f"{partial}{suffix}"))
     Path(f"{prefix}.idx").unlink(missing_ok=True)
     fsync_directory(prefix.parent)
     os.replace(f"{partial}.bin", f"{prefix}.bin")
