@@ -694,3 +694,72 @@ def test_each_save_interval_updates_checkpoint_is_validated_as_in_fairseq(tmp_pa
     assert result.exit_code == 0, result.output
     assert [r["update"] for r in records(run, "valid")] == [3, 6, 7]  # 7: the last update
     assert sorted(p.name for p in run.glob("checkpoint_*_*.pt")) == ["checkpoint_1_3.pt", "checkpoint_1_6.pt"]
+
+
+def test_an_updates_loss_and_gradient_are_normalised_by_its_target_tokens(tmp_path: Path, monkeypatch) -> None:
+    """One update of `nmt train` on pairs whose sources are much shorter than their targets:
+    the logged loss (bits per token) and gradient norm are the naive label-smoothed sum over
+    the target tokens (each sentence run alone, unpadded) divided by the hand-counted target
+    tokens (words + </s>), not by the source's."""
+    rng = np.random.default_rng(3)
+    pairs = [([f"w{i}" for i in rng.integers(0, 16, n)], [f"w{i}" for i in rng.integers(0, 16, m)])
+             for n, m in [(2, 6), (1, 5), (3, 7), (2, 4), (1, 6)]]
+    target_tokens = sum(len(tgt) + 1 for _, tgt in pairs)  # 28 + 5 </s>
+    assert target_tokens == 33 and sum(len(src) + 1 for src, _ in pairs) == 14
+    data_bin = write_data_bin(tmp_path / "bin", {"train": pairs})
+    eps = 0.1
+    initial = {}
+    real_update = trainer_module.train_update
+
+    def recording_update(engine, *args):
+        initial.setdefault("weights", copy.deepcopy(engine.model.state_dict()))
+        return real_update(engine, *args)
+
+    monkeypatch.setattr(trainer_module, "train_update", recording_update)
+    run = tmp_path / "run"
+    result = run_cli([data_bin, "--save-dir", run, "--arch", "transformer_tiny", "--max-tokens", "4096",
+                      "--required-batch-size-multiple", "1", "--dropout", "0", "--label-smoothing", eps,
+                      "--max-update", "1", "--log-interval", "1", "--disable-validation", "--clip-norm", "0"])
+    assert result.exit_code == 0, result.output
+    [record] = records(run, "train")
+
+    data = load_data_bin(data_bin)
+    model = build_model(resolve_config("transformer_tiny", {"dropout": 0.0}), len(data.src_dict), len(data.tgt_dict))
+    model.load_state_dict(initial["weights"])
+    model.train()
+    total = torch.zeros(())
+    for src, tgt in pairs:  # fairseq's label_smoothed_nll_loss, token by token
+        src_ids = torch.tensor([data.src_dict.encode(src)])  # </s> appended
+        tgt_ids = data.tgt_dict.encode(tgt)
+        prev = torch.tensor([[tgt_ids[-1]] + tgt_ids[:-1]])  # </s> first, as fairseq
+        lprobs = torch.log_softmax(model(src_ids, prev).float(), dim=-1)[0]  # (T, V)
+        V = lprobs.size(-1)
+        for t, token in enumerate(tgt_ids):
+            nll, smooth = -lprobs[t, token], -lprobs[t].sum()
+            total = total + (1 - eps - eps / (V - 1)) * nll + eps / (V - 1) * smooth
+    (total / target_tokens).backward()
+    grad_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
+    assert record["loss"] == pytest.approx(total.item() / target_tokens / np.log(2), rel=1e-5)
+    assert record["gnorm"] == pytest.approx(grad_norm.item(), rel=1e-4)
+
+
+def test_each_update_and_each_rank_draws_its_own_dropout_masks(data_bin: Path) -> None:
+    """Engines with the same initial weights run one update on the same batch: its loss
+    depends only on the dropout masks, which must be the same for the same (seed, update,
+    rank) -- a resumed run redraws them -- and differ between consecutive updates and between
+    ranks (else every update, or every rank, would drop the same units)."""
+    batch = np.arange(0, 6)
+
+    def first_loss(num_updates: int, rank: int) -> float:
+        cfg = TrainConfig(data=str(data_bin), save_dir="unused", arch="transformer_tiny", lr=1e-3,
+                          lr_scheduler="fixed", warmup_updates=0, label_smoothing=0.1)
+        model_cfg = resolve_config("transformer_tiny", {"dropout": 0.3})
+        data = load_data_bin(data_bin)
+        dist = DistInfo(rank=rank, world_size=1, local_rank=0, device=torch.device("cpu"))
+        engine = build_engine(cfg, model_cfg, len(data.src_dict), len(data.tgt_dict), dist)
+        split = data.split("train")
+        return train_update(engine, split, [batch], batch, int(split.tgt_sizes[batch].sum()), num_updates).loss.item()
+
+    update_0, update_1, rank_1 = first_loss(0, 0), first_loss(1, 0), first_loss(0, 1)
+    assert first_loss(0, 0) == update_0 and first_loss(1, 0) == update_1
+    assert len({update_0, update_1, rank_1, first_loss(2, 0), first_loss(1, 1)}) == 5
