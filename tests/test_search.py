@@ -399,6 +399,21 @@ def test_sampling_topp_keeps_the_crossing_token():
     assert kept[0].tolist() == pytest.approx([0.5, 0.25, 0.0, 0.0])
 
 
+@pytest.mark.parametrize("topp, kept", [(0.25, 1), (0.5, 1), (0.5000001, 2), (0.75, 2), (0.76, 3), (1.0, 3)])
+def test_sampling_topp_boundary_is_fairseqs(topp, kept):
+    """fairseq's _sample_topp (fairseq/search.py): keep the tokens whose cumulative sorted
+    probability is strictly below p (`cumsum.lt(p)`), plus the one after them. On [0.5,
+    0.25, 0.25] (sums 0.5, 0.75, 1.0, exact in binary) a cumulative mass equal to p is not
+    below it: p = 0.5 keeps one token, p = 0.75 two."""
+    from nmt_cli.decode.sampling import restrict_topp
+
+    probs = torch.tensor([[0.25, 0.5, 0.25]], dtype=torch.float64)
+    masked, ids = restrict_topp(probs, topp)
+    assert ids[0, 0].item() == 1
+    assert masked[0].gt(0).sum().item() == kept
+    assert masked[0, :kept].tolist() == [0.5, 0.25, 0.25][:kept]
+
+
 def test_sampling_weights_renormalise_only_rows_that_underflow():
     from nmt_cli.decode.sampling import sampling_weights
 

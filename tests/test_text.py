@@ -269,6 +269,13 @@ def test_drop_reason_follows_clean_corpus_n() -> None:
     assert drop_reason(3, 10, settings) == RATIO
     assert drop_reason(10, 3, settings) == RATIO
     assert drop_reason(1, 2, CleanSettings(min_len=2)) == TOO_SHORT
+    # clean-corpus-n keeps a pair when each side's length is >= min and <= max: both bounds are kept.
+    assert drop_reason(2, 5, CleanSettings(min_len=2)) is None
+    assert drop_reason(5, 2, CleanSettings(min_len=2)) is None
+    assert drop_reason(1, 1, CleanSettings(min_len=1, max_len=1)) is None
+    assert drop_reason(3, 3, CleanSettings(min_len=3, max_len=3)) is None
+    assert drop_reason(2, 3, CleanSettings(min_len=3, max_len=3)) == TOO_SHORT
+    assert drop_reason(4, 3, CleanSettings(min_len=3, max_len=3)) == TOO_LONG
     with pytest.raises(NmtError):
         CleanSettings(max_ratio=0.5)
 
