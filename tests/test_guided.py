@@ -127,6 +127,56 @@ def test_constraints_on_a_real_model_batched_equal_one_by_one():
         assert all(contains(batched[i][0].tokens, p) for p in wanted)
 
 
+# (tokens, phrases, contained in order, contained in any order). Ordered: one phrase after
+# another without overlap, so a phrase given twice must occur twice; unordered: each phrase
+# anywhere, overlaps allowed, a repeated phrase met by one occurrence (as `track` counts them).
+CONTAINS_CASES = [
+    ([A, B, C], [[A], [C]], True, True),
+    ([C, B, A], [[A], [C]], False, True),  # both there, in the other order
+    ([A, B, C], [[A, B], [C]], True, True),
+    ([A, B, C], [[C], [A, B]], False, True),
+    ([A, B, C], [[A, B], [B, C]], False, True),  # overlapping at B
+    ([A, B, C, B, C], [[A, B], [B, C]], True, True),
+    ([A, B], [[A], [A]], False, True),  # a repeated phrase
+    ([A, B, A], [[A], [A]], True, True),
+    ([A, B, A], [[B], [A], [B]], False, True),
+    ([A, B, C], [[A, C]], False, False),  # not contiguous
+    ([A, B, C], [[A, B, C, D]], False, False),
+    ([A, B, C], [], True, True),
+    ([C, A, D, B], [[A], [B], [C]], False, True),
+    ([A, C, D, B, C], [[A], [B], [C]], True, True),  # the second C comes after B
+]
+
+
+@pytest.mark.parametrize("tokens, phrases, ordered, unordered", CONTAINS_CASES)
+def test_contains_phrases_truth_table(tokens, phrases, ordered, unordered):
+    from nmt_cli.decode.constraints import contains_phrases, track
+
+    for kind, expected in ((True, ordered), (False, unordered)):
+        assert contains_phrases(tokens + [EOS_ID], phrases, ordered=kind) is expected
+        # The search's own tracker, fed the output a token at a time, agrees.
+        constraint = ConstraintSet.from_lists([phrases], kind, CPU)
+        met, start = constraint.lengths.eq(0), torch.zeros(1, dtype=torch.long)
+        for t in range(1, len(tokens) + 1):
+            standing = track(constraint.tokens, constraint.lengths, kind, torch.tensor([tokens[:t]]), met, start)
+            met, start = standing.met, standing.start
+        assert bool(met.all()) is expected
+
+
+def test_ranking_puts_outputs_with_phrases_in_order_first_only_when_ordered():
+    from nmt_cli.decode.constraints import rank_complete_first
+    from nmt_cli.decode.search import Hypothesis
+
+    def hyp(*tokens: int) -> Hypothesis:
+        return Hypothesis([*tokens, EOS_ID], -1.0, [-0.5] * (len(tokens) + 1))
+
+    hyps = [hyp(C, B, A), hyp(D, D), hyp(A, D, C)]  # phrases out of order, missing, in order
+    for ordered, expected in ((True, [2, 0, 1]), (False, [0, 2, 1])):
+        phrases = ConstraintSet.from_lists([[[A], [C]]], ordered, CPU)
+        ranked = rank_complete_first([list(hyps)], phrases)[0]
+        assert [hyps.index(h) for h in ranked] == expected
+
+
 # --- prefixes ---------------------------------------------------------------------------
 
 
