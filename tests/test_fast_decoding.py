@@ -67,6 +67,21 @@ def test_the_reference_model_decodes_as_the_fast_one_on_packed_linears(beam: int
     assert_same_hypotheses(got, want, abs_tol=1e-4)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "swish"])
+def test_the_fast_model_decodes_as_the_reference_with_each_activation(activation: str, packed: bool) -> None:
+    """Packing fuses a ReLU into fc1 (oneDNN's post-op); that must happen for relu models only."""
+    if packed and packed_unavailable_reason(torch.float32) is not None:
+        pytest.skip("no oneDNN float32 kernels here")
+    reference, fast = (eos_prone(tiny_model(47, dtype=torch.float32, decoding=decoding, activation_fn=activation))
+                       for decoding in (REFERENCE_DECODING, DecodingOptions()))
+    if packed:
+        assert pack_linears(fast, torch.float32)
+    src = source_batch([5, 9, 3], SRC_V, seed=48)
+    cfg = DecodeConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=6)
+    assert_same_hypotheses(generate(fast, src, cfg, 1024), generate(reference, src, cfg, 1024), abs_tol=1e-4)
+
+
 def test_each_model_takes_the_layouts_its_options_select() -> None:
     """What the comparisons above compare: the reference model runs the row-major cache
     with no transposed keys nor pooled buffers; the fast one the beam slots."""
