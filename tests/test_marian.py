@@ -148,6 +148,85 @@ def test_translations_equal_transformers_generate(hf_models, case, beam, tmp_pat
     assert len(compared) >= 20 and len({text for _, text in compared}) >= 3  # not one answer to everything
 
 
+# MarianMTModel's log_softmax, teacher-forced: JSON {"jobs": [[DIR, SOURCE_IDS, TARGET_IDS], ...]}
+# on stdin (Marian ids; the source ends in </s>, the target does not) -> per job the (T, V)
+# log-probs after the decoder start token and each target token.
+LOG_PROBS_SCRIPT = """
+import json, sys, torch
+from transformers import MarianMTModel
+results, models = [], {}
+for directory, source, target in json.load(sys.stdin)["jobs"]:
+    if directory not in models:
+        models[directory] = MarianMTModel.from_pretrained(directory).eval()
+    model = models[directory]
+    prev = [[model.config.decoder_start_token_id] + target]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([source]), decoder_input_ids=torch.tensor(prev)).logits
+    results.append(torch.log_softmax(logits.double(), dim=-1)[0].tolist())
+print(json.dumps(results))
+"""
+
+
+def marian_model_dir(run: Path) -> Path:
+    return run.parent / "opus-mt-xx-yy"
+
+
+@functools.cache
+def imported_model(checkpoint: Path) -> torch.nn.Module:
+    from nmt_cli.checkpoints.format import model_from_checkpoint
+
+    return model_from_checkpoint(load_checkpoint(checkpoint)).eval()
+
+
+def nmt_log_probs(checkpoint: Path, source: list[int], target: list[int]) -> torch.Tensor:
+    """The imported model's teacher-forced log-probs (T, V) of nmt ids `source` (ending in
+    </s>) and `target` (without it): after </s> (the start) and each target token."""
+    from nmt_cli.decode.forced import previous_tokens
+
+    eos = 2
+    with torch.no_grad():
+        logits = imported_model(checkpoint)(torch.tensor([source]), previous_tokens(torch.tensor([target + [eos]])))
+    return torch.log_softmax(logits.double(), dim=-1)[0]
+
+
+def random_pieces(vocab: dict[str, int], seed: int, length: int) -> list[str]:
+    pieces = sorted(piece for piece in vocab if piece not in ("</s>", "<unk>", "<pad>"))
+    rng = random.Random(seed)
+    return [rng.choice(pieces) for _ in range(length)]
+
+
+def test_log_probs_equal_transformers_teacher_forced(hf_models):
+    """Every target symbol's log-probability, teacher-forced, is MarianMTModel's: the
+    permuted rows, the output bias, and the rows for symbols Marian lacks (whose bias keeps
+    them out of the softmax's normaliser)."""
+    jobs, ours = [], []
+    for number, name in enumerate(sorted(hf_models)):
+        run = hf_models[name]["run"]
+        directory = marian_model_dir(run)
+        src_vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+        tgt_file = directory / ("target_vocab.json" if CASES[name]["separate_vocabs"] else "vocab.json")
+        tgt_vocab = json.loads(tgt_file.read_text(encoding="utf-8"))
+        checkpoint = load_checkpoint(run / "checkpoint.pt")
+        src_ids = {symbol: i for i, symbol in enumerate(checkpoint["src_dict"])}
+        tgt_symbols = list(checkpoint["tgt_dict"])
+        for length in (0, 3, 9):
+            source = random_pieces(src_vocab, 10 * number + length, 5) + ["</s>"]
+            target = random_pieces(tgt_vocab, 100 + 10 * number + length, length)
+            jobs.append([str(directory), [src_vocab[p] for p in source], [tgt_vocab[p] for p in target]])
+            lprobs = nmt_log_probs(run / "checkpoint.pt", [src_ids[p] for p in source],
+                                   [tgt_symbols.index(p) for p in target])
+            ours.append((lprobs, [tgt_vocab.get(symbol) for symbol in tgt_symbols]))
+    done = subprocess.run([REFERENCE_PYTHON, "-c", LOG_PROBS_SCRIPT], input=json.dumps({"jobs": jobs}),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for (lprobs, marian_of), theirs in zip(ours, json.loads(done.stdout)):
+        theirs = torch.tensor(theirs, dtype=torch.float64)
+        known = [i for i, m in enumerate(marian_of) if m is not None]
+        assert len(known) == theirs.size(1) and lprobs.shape == (theirs.size(0), len(marian_of))
+        torch.testing.assert_close(lprobs[:, known], theirs[:, [marian_of[i] for i in known]], atol=2e-5, rtol=0)
+        assert (lprobs[:, [i for i, m in enumerate(marian_of) if m is None]] < -5e3).all()
+
+
 # --- without transformers: hand-written model directories ----------------------------------
 
 
@@ -242,6 +321,23 @@ def test_an_imported_model_translates_raw_text_one_line_per_input(hand_model, tm
     assert len(out.stdout.splitlines()) == len(lines) and out.stdout.splitlines()[6] == ""
     again = nmt("import-marian", hand_model, "--out", tmp_path / "run")
     assert again.exit_code == 0 and "nothing written" in again.output
+
+
+def test_symbols_marian_lacks_never_get_probability(hand_model, tmp_path):
+    """nmt's `<s>` has no row in a Marian vocabulary: whatever the prefix, its log-probability
+    lies about 1e4 below the others', so it is never chosen nor takes mass from them."""
+    assert nmt("import-marian", hand_model, "--out", tmp_path / "run").exit_code == 0
+    checkpoint = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    vocab = json.loads((hand_model / "vocab.json").read_text(encoding="utf-8"))
+    symbols = list(checkpoint["tgt_dict"])
+    lacking = [i for i, symbol in enumerate(symbols) if symbol not in vocab]
+    assert [symbols[i] for i in lacking] == ["<s>"]
+    ids = {symbol: i for i, symbol in enumerate(checkpoint["src_dict"])}
+    source = [ids[p] for p in random_pieces(vocab, 1, 6)] + [2]
+    lprobs = nmt_log_probs(tmp_path / "run" / "checkpoint.pt", source, [ids[p] for p in random_pieces(vocab, 2, 7)])
+    assert (lprobs[:, lacking] < lprobs.max(dim=1, keepdim=True).values - 9e3).all()
+    known = [i for i in range(len(symbols)) if i not in lacking]
+    torch.testing.assert_close(lprobs[:, known].exp().sum(dim=1), torch.ones(lprobs.size(0), dtype=torch.float64))
 
 
 def test_translate_never_writes_over_the_sentencepiece_models_it_reads(hand_model, tmp_path):
