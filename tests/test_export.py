@@ -222,6 +222,25 @@ def test_automatic_export_is_cached_beside_the_checkpoint_and_remade_when_it_cha
 
 
 @ct2_installed
+def test_the_automatic_export_is_remade_after_a_checkpoint_saved_over_it_while_it_was_made(run_dir, tmp_path,
+                                                                                           monkeypatch):
+    run = copy_of_run(run_dir, tmp_path / "run")
+    ckpt = run / "checkpoint_best.pt"
+    args = ("translate", "--engine", "ctranslate2", "--path", str(ckpt), *BEAM4[:-1])
+    first_checkpoint = nmt("translate", "--path", str(ckpt), *BEAM4, input="the dog\nred ball\n").stdout
+    newer = halved_checkpoint(ckpt, tmp_path / "newer.pt")
+    saved_over_after_its_load(monkeypatch, ckpt, newer)
+    raced = nmt(*args, input="the dog\nred ball\n")
+    monkeypatch.undo()
+    assert raced.exit_code == 0 and not newer.exists()
+    assert raced.stdout == first_checkpoint  # the weights it loaded
+    again = nmt(*args, input="the dog\nred ball\n")
+    assert again.exit_code == 0 and "exporting" in again.stderr  # the cache was of the first checkpoint
+    assert again.stdout == nmt("translate", "--path", str(ckpt), *BEAM4, input="the dog\nred ball\n").stdout
+    assert again.stdout != first_checkpoint
+
+
+@ct2_installed
 def test_engine_refuses_by_name_what_ctranslate2_cannot_do(run_dir, tmp_path):
     ckpt = str(run_dir / "checkpoint_best.pt")
     for flags, named in ((("--lenpen-style", "gnmt", "--lenpen", "0.6"), "--lenpen-style gnmt"),
@@ -335,6 +354,46 @@ def test_export_refuses_a_directory_holding_other_files_and_skips_the_same_expor
     assert again.exit_code == 0 and "nothing written" in again.stderr
     quantized = nmt("export", "--format", "fairseq", "--quantization", "int8", str(run_dir), str(tmp_path / "q"))
     assert quantized.exit_code == 1 and "--quantization needs --format ctranslate2" in quantized.stderr
+
+
+def saved_over_after_its_load(monkeypatch, checkpoint: Path, newer: Path) -> None:
+    """Training's atomic save of `newer` over `checkpoint`, done the moment a reader of
+    `checkpoint` has loaded it (and before anything else of that reader runs)."""
+    real_load = torch.load
+
+    def load_then_save_over(*args, **kwargs):
+        loaded = real_load(*args, **kwargs)
+        if newer.exists():
+            os.replace(newer, checkpoint)
+        return loaded
+
+    monkeypatch.setattr(torch, "load", load_then_save_over)
+
+
+def halved_checkpoint(checkpoint: Path, out: Path) -> Path:
+    """`checkpoint` with other weights (fc2 halved), saved at `out`."""
+    state = load_checkpoint(checkpoint)
+    state["model"] = {k: v * 0.5 if k.endswith("fc2.weight") else v for k, v in state["model"].items()}
+    save_checkpoint(state, out)
+    return out
+
+
+def test_an_export_records_the_fingerprint_of_the_checkpoint_whose_weights_it_holds(run_dir, tmp_path, monkeypatch):
+    run = copy_of_run(run_dir, tmp_path / "run")
+    ckpt = run / "checkpoint_best.pt"
+    newer = halved_checkpoint(ckpt, tmp_path / "newer.pt")
+    saved_over_after_its_load(monkeypatch, ckpt, newer)
+    raced = nmt("export", "--format", "fairseq", str(ckpt), str(tmp_path / "raced"))
+    monkeypatch.undo()
+    assert raced.exit_code == 0 and not newer.exists()  # saved over while the export ran
+    # The truth: the same first checkpoint, exported where nothing replaces it.
+    calm = nmt("export", "--format", "fairseq", str(run_dir / "checkpoint_best.pt"), str(tmp_path / "calm"))
+    assert calm.exit_code == 0
+    for name in ("checkpoint.pt", "nmt_export.fingerprint"):
+        assert (tmp_path / "raced" / name).read_bytes() == (tmp_path / "calm" / name).read_bytes(), name
+    # The checkpoint now at the path is another: never taken for the export already there.
+    again = nmt("export", "--format", "fairseq", str(ckpt), str(tmp_path / "raced"))
+    assert again.exit_code == 1 and "--force" in again.stderr
 
 
 # --- fairseq ------------------------------------------------------------------------------

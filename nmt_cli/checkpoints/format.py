@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -150,13 +150,20 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     return _load_and_check(path, path, map_location)
 
 
+def load_checkpoint_file(file: BinaryIO, path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint read from `file`, the open file `path`, checked as `load_checkpoint`
+    checks a file: what is loaded is the file that was opened, even if another is renamed
+    over `path` meanwhile."""
+    return _load_and_check(file, Path(path), "cpu")
+
+
 def load_checkpoint_bytes(data: bytes, path: str | os.PathLike) -> dict[str, Any]:
     """A checkpoint received as the bytes of the file `path` (e.g. from another rank),
     checked as `load_checkpoint` checks a file."""
     return _load_and_check(io.BytesIO(data), Path(path), "cpu")
 
 
-def _load_and_check(source: Path | io.BytesIO, path: Path, map_location: str | torch.device) -> dict[str, Any]:
+def _load_and_check(source: Path | BinaryIO, path: Path, map_location: str | torch.device) -> dict[str, Any]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Detected pickle protocol")  # noise before the refusal

@@ -194,21 +194,20 @@ def model_directory(path: Path, warn: Callable[[str], None], quiet: bool) -> Pat
     cached export, made (again) when missing or not of this checkpoint's contents."""
     if path.is_dir() and (path / EXPORT_INFO).is_file():
         return path
-    from nmt_cli.interop.export import export_fingerprint
     from nmt_cli.checkpoints.names import resolve_checkpoint
+    from nmt_cli.interop.export import export_settings
     from nmt_cli.interop.source import load_export_source
 
     checkpoint = resolve_checkpoint(path)
     cache = cache_directory(checkpoint)
-    source = load_export_source(checkpoint)
-    print_id = export_fingerprint(source, "ctranslate2", None)
+    source = load_export_source(checkpoint, export_settings("ctranslate2", None))
     info = _cached_info(cache)
-    if info is not None and info.fingerprint == print_id:
+    if info is not None and info.fingerprint == source.fingerprint:
         return cache
     check_replaceable_cache(cache, checkpoint, info)
     if not quiet:
         warn(f"exporting {checkpoint} for CTranslate2 into {cache} (reused while the checkpoint is unchanged)")
-    build_then_publish(cache, lambda staging: write_ctranslate2_model(source, staging, None, print_id),
+    build_then_publish(cache, lambda staging: write_ctranslate2_model(source, staging, None),
                        lambda error: failure_line(f"writing the CTranslate2 export {cache} (or export it elsewhere "
                                                   "with `nmt export --format ctranslate2` and pass --path OUT)", error))
     return cache

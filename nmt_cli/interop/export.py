@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.interop.source import ExportSource, content_fingerprint, load_export_source
+from nmt_cli.interop.source import ExportSource, load_export_source
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, refuse_inputs_inside
 
 
@@ -24,34 +24,33 @@ class ExportResult:
     written: bool  # False when out_dir already held this same export
 
 
-def export_fingerprint(source: ExportSource, export_format: str, quantization: str | None) -> str:
-    return content_fingerprint([source.checkpoint, *source.text_files],
-                               {"format": export_format, "quantization": quantization})
+def export_settings(export_format: str, quantization: str | None) -> dict[str, str | None]:
+    """What, besides the checkpoint and its text files, the fingerprint of an export holds."""
+    return {"format": export_format, "quantization": quantization}
 
 
 def export(cfg: ExportConfig) -> ExportResult:
     """Write `cfg.out_dir` in `cfg.format`."""
-    source = load_export_source(cfg.source)
-    print_id = export_fingerprint(source, cfg.format, cfg.quantization)
-    if check_destination(cfg.out_dir, "OUT", print_id, cfg.force, recorded=_recorded_fingerprint, others="other files"):
+    source = load_export_source(cfg.source, export_settings(cfg.format, cfg.quantization))
+    if check_destination(cfg.out_dir, "OUT", source.fingerprint, cfg.force, recorded=_recorded_fingerprint,
+                         others="other files"):
         return ExportResult(cfg.out_dir, source.checkpoint, written=False)
     refuse_inputs_inside([source.checkpoint, *source.text_files], cfg.out_dir, "OUT")
-    build_then_publish(cfg.out_dir, lambda staging: write_export(source, staging, cfg.format, cfg.quantization, print_id),
+    build_then_publish(cfg.out_dir, lambda staging: write_export(source, staging, cfg.format, cfg.quantization),
                        lambda error: failure_line(f"writing {cfg.out_dir}", error))
     return ExportResult(cfg.out_dir, source.checkpoint, written=True)
 
 
-def write_export(source: ExportSource, directory: Path, export_format: str, quantization: str | None,
-                 print_id: str) -> None:
+def write_export(source: ExportSource, directory: Path, export_format: str, quantization: str | None) -> None:
     if export_format == "ctranslate2":
         from nmt_cli.interop.ctranslate2.export import write_ctranslate2_model
 
-        write_ctranslate2_model(source, directory, quantization, print_id)
+        write_ctranslate2_model(source, directory, quantization)
     else:
         from nmt_cli.interop.fairseq.export import write_fairseq_model
 
         write_fairseq_model(source, directory)
-        (directory / FAIRSEQ_FINGERPRINT).write_text(print_id + "\n", encoding="utf-8")
+        (directory / FAIRSEQ_FINGERPRINT).write_text(source.fingerprint + "\n", encoding="utf-8")
 
 
 # Where a fairseq export records what made it (fairseq ignores the file).

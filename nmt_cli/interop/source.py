@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoints.format import load_checkpoint
+from nmt_cli.checkpoints.format import load_checkpoint_file
 from nmt_cli.checkpoints.names import resolve_checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.dictionary import Dictionary
@@ -45,6 +46,7 @@ class ExportSource:
     target_lang: str
     num_updates: int
     text_files: list[Path]  # meta.json and the BPE model(s) it names; empty when the run has none
+    fingerprint: str  # of the checkpoint's contents, the text files and the export's settings
 
     @functools.cached_property
     def weights(self) -> dict[str, torch.Tensor]:
@@ -53,18 +55,33 @@ class ExportSource:
         return fairseq_weights(self.model_state, self.cfg)
 
 
-def load_export_source(path: Path) -> ExportSource:
-    """Read the checkpoint at `path` (file or run directory) for an export."""
+def load_export_source(path: Path, settings: dict[str, Any]) -> ExportSource:
+    """Read the checkpoint at `path` (file or run directory) for an export made with
+    `settings`, and fingerprint them."""
     checkpoint = resolve_checkpoint(path)
-    state = load_checkpoint(checkpoint)
+    fingerprint = ContentFingerprint(settings)
+    # Hashed and loaded from one open file: a checkpoint that training saves over this one
+    # meanwhile (a rename) changes neither, so the fingerprint is always of these weights.
+    try:
+        file = open(checkpoint, "rb")
+    except OSError as error:
+        raise NmtError(f"cannot read checkpoint {checkpoint}: {error.strerror or error}") from None
+    with file:
+        fingerprint.add(checkpoint.name, file)
+        file.seek(0)
+        state = load_checkpoint_file(file, checkpoint)
     cfg = ModelConfig.from_dict(state["model_config"])
     source_lang, target_lang = str(state.get("source_lang") or "src"), str(state.get("target_lang") or "tgt")
+    files = text_files(checkpoint.parent, source_lang, target_lang)
+    for text_file in files:
+        with open(text_file, "rb") as f:
+            fingerprint.add(text_file.name, f)
     return ExportSource(
         checkpoint=checkpoint, cfg=cfg, model_state=state["model"],
         src_dict=dictionary_from_symbols(list(state["src_dict"]), str(checkpoint)),
         tgt_dict=dictionary_from_symbols(list(state["tgt_dict"]), str(checkpoint)),
         source_lang=source_lang, target_lang=target_lang, num_updates=int(state.get("num_updates", 0)),
-        text_files=text_files(checkpoint.parent, source_lang, target_lang),
+        text_files=files, fingerprint=fingerprint.hexdigest(),
     )
 
 
@@ -114,13 +131,19 @@ def text_files(run_dir: Path, source_lang: str, target_lang: str) -> list[Path]:
     return files
 
 
-def content_fingerprint(files: list[Path], settings: dict[str, Any]) -> str:
-    """sha256 of nmt's version, `settings` and the files' contents: the same only for
+class ContentFingerprint:
+    """sha256 of nmt's version, the settings and the files' contents: the same only for
     the same inputs, whatever their modification times say."""
-    digest = hashlib.sha256(repr((__version__, sorted(settings.items()))).encode("utf-8"))
-    for path in files:
-        digest.update(path.name.encode("utf-8") + b"\0" + str(path.stat().st_size).encode("ascii") + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-    return digest.hexdigest()
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._digest = hashlib.sha256(repr((__version__, sorted(settings.items()))).encode("utf-8"))
+
+    def add(self, name: str, file: BinaryIO) -> None:
+        """The contents of `file` (open, at its start), under the file name `name`."""
+        size = os.fstat(file.fileno()).st_size
+        self._digest.update(name.encode("utf-8") + b"\0" + str(size).encode("ascii") + b"\0")
+        for block in iter(lambda: file.read(1 << 22), b""):
+            self._digest.update(block)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()

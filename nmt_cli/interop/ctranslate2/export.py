@@ -184,7 +184,7 @@ def _array(tensor: torch.Tensor) -> Any:
     return tensor.detach().float().contiguous().numpy().copy()
 
 
-def write_ctranslate2_model(source: ExportSource, directory: Path, quantization: str | None, fingerprint: str) -> None:
+def write_ctranslate2_model(source: ExportSource, directory: Path, quantization: str | None) -> None:
     """Write the CTranslate2 model and nmt's text files into `directory` (a fresh staging
     directory: CTranslate2's converter replaces it)."""
     ct2 = import_ctranslate2("exporting to CTranslate2")
@@ -203,7 +203,7 @@ def write_ctranslate2_model(source: ExportSource, directory: Path, quantization:
         raise NmtError(f"CTranslate2 refused the model of {source.checkpoint}: {error}") from None
     write_text_side(source, directory)
     ExportInfo(source.source_lang, source.target_lang, source.cfg.max_source_positions,
-               source.cfg.max_target_positions, source.checkpoint.name, fingerprint, quantization).write(directory)
+               source.cfg.max_target_positions, source.checkpoint.name, source.fingerprint, quantization).write(directory)
 
 
 def write_text_side(source: ExportSource, directory: Path) -> None:
