@@ -1,5 +1,6 @@
 """One writer per directory: an advisory lock that a command holds while it writes a run
-directory (`nmt train --save-dir`) or a data-bin (`nmt preprocess --destdir`, `nmt binarize`).
+directory (`nmt train --save-dir`, the imports' --out), a data-bin (`nmt preprocess
+--destdir`, `nmt binarize`) or an export (`nmt export`'s OUT).
 
 The lock is an flock on a hidden file beside the directory, `.NAME.lock`: beside it, not
 inside, because preprocess replaces its destination directory whole (a lock inside would

@@ -27,6 +27,7 @@ from nmt_cli.data.dictionary import Dictionary
 from nmt_cli.models.registry import ARCHITECTURES, build_model
 from nmt_cli.text.bpe import learn_bpe
 from nmt_cli.text.pipeline import TextPipeline
+from fault_utils import REPO, SUBPROCESS_ENV
 from model_utils import ct2_installed, torch_threads
 from tests.test_translate import generated_sentences, train_copy_task
 
@@ -394,6 +395,41 @@ def test_an_export_records_the_fingerprint_of_the_checkpoint_whose_weights_it_ho
     # The checkpoint now at the path is another: never taken for the export already there.
     again = nmt("export", "--format", "fairseq", str(ckpt), str(tmp_path / "raced"))
     assert again.exit_code == 1 and "--force" in again.stderr
+
+
+def test_a_second_export_into_the_out_another_is_building_is_refused_and_never_replaces_it(run_dir, tmp_path,
+                                                                                          monkeypatch):
+    other = copy_of_run(run_dir, tmp_path / "other")
+    halved_checkpoint(other / "checkpoint_best.pt", other / "checkpoint_best.pt")
+    out = tmp_path / "out"
+    from nmt_cli.interop.fairseq import export as fairseq_export
+
+    real_write, started_meanwhile = fairseq_export.write_fairseq_model, {}
+
+    def write_while_another_export_starts(source, directory):
+        if not started_meanwhile:  # another process, as a user's second command would be
+            started_meanwhile["result"] = subprocess.run(
+                [sys.executable, "-m", "nmt_cli", "export", "--format", "fairseq", str(other), str(out)],
+                cwd=REPO, env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=300)
+        real_write(source, directory)
+
+    monkeypatch.setattr(fairseq_export, "write_fairseq_model", write_while_another_export_starts)
+    first = nmt("export", "--format", "fairseq", str(run_dir), str(out))
+    monkeypatch.undo()
+    second = started_meanwhile["result"]
+    assert first.exit_code == 0, first.output
+    assert second.returncode == 1 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert "in use by another nmt process" in second.stderr and str(out) in second.stderr
+    assert nmt("export", "--format", "fairseq", str(run_dir), str(tmp_path / "truth")).exit_code == 0
+    exported = what_stands_at(out)
+    assert [(Path(p).name, data) for p, data in exported[1:]] == [
+        (Path(p).name, data) for p, data in what_stands_at(tmp_path / "truth")[1:]]  # the first's export, whole
+    # Started after the first ended, the other export sees the first's and asks for --force.
+    after = nmt("export", "--format", "fairseq", str(other), str(out))
+    assert after.exit_code == 1 and "--force" in after.stderr and what_stands_at(out) == exported
+    same = nmt("export", "--format", "fairseq", str(run_dir), str(out))
+    assert same.exit_code == 0 and "nothing written" in same.stderr and what_stands_at(out) == exported
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out", "truth"]  # no lock or staging left
 
 
 # --- fairseq ------------------------------------------------------------------------------

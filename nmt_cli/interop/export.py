@@ -3,7 +3,7 @@
 The output directory is built beside its destination and moved into place whole
 (nmt_cli/staging.py). One that already holds anything is refused unless --force; one
 that holds this same export (same checkpoint contents, text files and settings) is
-left as it is.
+left as it is. One that another nmt process writes is refused (nmt_cli/run_lock.py).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from nmt_cli.config import ExportConfig
 from nmt_cli.errors import NmtError
 from nmt_cli.interop.source import ExportSource, load_export_source
+from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, refuse_inputs_inside
 
 
@@ -32,12 +33,15 @@ def export_settings(export_format: str, quantization: str | None) -> dict[str, s
 def export(cfg: ExportConfig) -> ExportResult:
     """Write `cfg.out_dir` in `cfg.format`."""
     source = load_export_source(cfg.source, export_settings(cfg.format, cfg.quantization))
-    if check_destination(cfg.out_dir, "OUT", source.fingerprint, cfg.force, recorded=_recorded_fingerprint,
-                         others="other files"):
-        return ExportResult(cfg.out_dir, source.checkpoint, written=False)
-    refuse_inputs_inside([source.checkpoint, *source.text_files], cfg.out_dir, "OUT")
-    build_then_publish(cfg.out_dir, lambda staging: write_export(source, staging, cfg.format, cfg.quantization),
-                       lambda error: failure_line(f"writing {cfg.out_dir}", error))
+    # One writer: another export checking OUT while this one builds would find it empty
+    # and then replace this one's output.
+    with directory_lock(cfg.out_dir, "OUT"):
+        if check_destination(cfg.out_dir, "OUT", source.fingerprint, cfg.force, recorded=_recorded_fingerprint,
+                             others="other files"):
+            return ExportResult(cfg.out_dir, source.checkpoint, written=False)
+        refuse_inputs_inside([source.checkpoint, *source.text_files], cfg.out_dir, "OUT")
+        build_then_publish(cfg.out_dir, lambda staging: write_export(source, staging, cfg.format, cfg.quantization),
+                           lambda error: failure_line(f"writing {cfg.out_dir}", error))
     return ExportResult(cfg.out_dir, source.checkpoint, written=True)
 
 
