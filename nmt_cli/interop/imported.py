@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli.checkpoints.format import FORMAT_VERSION
-from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, recorded_in_meta, refuse_inputs_inside
 
 
@@ -38,10 +37,11 @@ def holds_this_import(out_dir: Path, print_id: str, force: bool, names: set[str]
 
 
 def publish_import(out_dir: Path, write: Callable[[Path], None]) -> None:
-    """`write(staging)` the run's files, then put them in place of `out_dir` as a whole, not
-    while a training run (or another import) writes there."""
-    with directory_lock(out_dir, "--out"):
-        build_then_publish(out_dir, write, lambda error: failure_line(f"writing --out {out_dir}", error))
+    """`write(staging)` the run's files, then put them in place of `out_dir` as a whole.
+    The caller holds the directory lock of `out_dir` (run_lock.py) from before
+    `holds_this_import`, so that no training run or other import writes there between
+    the check and the publication."""
+    build_then_publish(out_dir, write, lambda error: failure_line(f"writing --out {out_dir}", error))
 
 
 def imported_run_meta(src_lang: str, tgt_lang: str, joined: bool, tokenizer: dict[str, Any], bpe: dict[str, Any] | None,

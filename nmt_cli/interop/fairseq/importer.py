@@ -27,6 +27,7 @@ from nmt_cli.interop.fairseq.checkpoint import (
 )
 from nmt_cli.interop.imported import ImportResult, holds_this_import, imported_run_meta, publish_import
 from nmt_cli.models.registry import build_model
+from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import fingerprint
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
@@ -187,25 +188,26 @@ def import_fairseq(cfg: FairseqImportConfig) -> ImportResult:
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     run_files = {"checkpoint.pt", "meta.json", src_dict_path.name, tgt_dict_path.name}
     run_files |= {"bpe.codes"} if cfg.bpe_codes is not None else set()
-    if holds_this_import(cfg.out_dir, print_id, cfg.force, run_files, inputs):
-        return ImportResult(checkpoint_path, written=False)
-    with malformed_checkpoint_as_error(cfg.checkpoint):
-        _check_vocab_size(loaded.weights, "encoder", src_dict, src_dict_path, cfg.checkpoint)
-        _check_vocab_size(loaded.weights, "decoder", tgt_dict, tgt_dict_path, cfg.checkpoint)
-        if model_cfg.share_all_embeddings and src_dict != tgt_dict:
-            raise NmtError(f"{cfg.checkpoint} shares all embeddings but {src_dict_path} and {tgt_dict_path} differ")
-        weights = convert_state_dict(loaded.weights, model_cfg, cfg.checkpoint)
-        # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
-        model = build_model(model_cfg, len(src_dict), len(tgt_dict), initialise=False)
-        check_state_dict_fits(model, weights, cfg.checkpoint)
-        model.load_state_dict(weights)
-    copies = {src_dict_path.name: src_dict_path, tgt_dict_path.name: tgt_dict_path}
-    if cfg.bpe_codes is not None:
-        copies["bpe.codes"] = cfg.bpe_codes
-    meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint, print_id)
-    state = model_checkpoint(model_cfg, model.state_dict(), src_lang, tgt_lang, src_dict, tgt_dict,
-                             num_updates=loaded.num_updates, epoch=0)
-    publish_import(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state))
+    with directory_lock(cfg.out_dir, "--out"):  # one writer, from the check of --out to its publication
+        if holds_this_import(cfg.out_dir, print_id, cfg.force, run_files, inputs):
+            return ImportResult(checkpoint_path, written=False)
+        with malformed_checkpoint_as_error(cfg.checkpoint):
+            _check_vocab_size(loaded.weights, "encoder", src_dict, src_dict_path, cfg.checkpoint)
+            _check_vocab_size(loaded.weights, "decoder", tgt_dict, tgt_dict_path, cfg.checkpoint)
+            if model_cfg.share_all_embeddings and src_dict != tgt_dict:
+                raise NmtError(f"{cfg.checkpoint} shares all embeddings but {src_dict_path} and {tgt_dict_path} differ")
+            weights = convert_state_dict(loaded.weights, model_cfg, cfg.checkpoint)
+            # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
+            model = build_model(model_cfg, len(src_dict), len(tgt_dict), initialise=False)
+            check_state_dict_fits(model, weights, cfg.checkpoint)
+            model.load_state_dict(weights)
+        copies = {src_dict_path.name: src_dict_path, tgt_dict_path.name: tgt_dict_path}
+        if cfg.bpe_codes is not None:
+            copies["bpe.codes"] = cfg.bpe_codes
+        meta = run_meta(src_lang, tgt_lang, src_dict == tgt_dict, cfg.bpe_codes is not None, cfg.checkpoint, print_id)
+        state = model_checkpoint(model_cfg, model.state_dict(), src_lang, tgt_lang, src_dict, tgt_dict,
+                                 num_updates=loaded.num_updates, epoch=0)
+        publish_import(cfg.out_dir, lambda staging: write_run(staging, copies, meta, state))
     return ImportResult(checkpoint_path, written=True)
 
 

@@ -32,6 +32,7 @@ from nmt_cli.interop.imported import ImportResult, holds_this_import, imported_r
 from nmt_cli.interop.marian.weights import read_model_weights, weight_files
 from nmt_cli.json_text import json_object
 from nmt_cli.models.registry import build_model
+from nmt_cli.run_lock import directory_lock
 from nmt_cli.staging import fingerprint
 from nmt_cli.text.bpe import BpeModel
 
@@ -86,31 +87,32 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     dict_names = {f"dict.{src_lang}.txt", f"dict.{tgt_lang}.txt"}
     checkpoint_path = cfg.out_dir / "checkpoint.pt"
-    if holds_this_import(cfg.out_dir, print_id, cfg.force, {"checkpoint.pt", "meta.json", *spm_files, *dict_names},
-                         inputs):
-        return ImportResult(checkpoint_path, written=False)
+    with directory_lock(cfg.out_dir, "--out"):  # one writer, from the check of --out to its publication
+        if holds_this_import(cfg.out_dir, print_id, cfg.force, {"checkpoint.pt", "meta.json", *spm_files, *dict_names},
+                             inputs):
+            return ImportResult(checkpoint_path, written=False)
 
-    weights, sharing = convert_weights(strip_model_prefix(read_model_weights(weight_paths)), config, src_vocab,
-                                       tgt_vocab, directory)
-    model_cfg = model_config(config, sharing)
-    # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
-    model = build_model(model_cfg, len(src_vocab.symbols), len(tgt_vocab.symbols), initialise=False)
-    check_state_dict_fits(model, weights, directory)
-    model.load_state_dict(weights)
-    state = model_checkpoint(model_cfg, model.state_dict(), src_lang, tgt_lang, src_vocab.symbols, tgt_vocab.symbols,
-                             num_updates=0, epoch=0)
-    meta = run_meta(src_lang, tgt_lang, shared, directory, print_id)
-    dictionaries = {f"dict.{src_lang}.txt": src_vocab.symbols, f"dict.{tgt_lang}.txt": tgt_vocab.symbols}
+        weights, sharing = convert_weights(strip_model_prefix(read_model_weights(weight_paths)), config, src_vocab,
+                                           tgt_vocab, directory)
+        model_cfg = model_config(config, sharing)
+        # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
+        model = build_model(model_cfg, len(src_vocab.symbols), len(tgt_vocab.symbols), initialise=False)
+        check_state_dict_fits(model, weights, directory)
+        model.load_state_dict(weights)
+        state = model_checkpoint(model_cfg, model.state_dict(), src_lang, tgt_lang, src_vocab.symbols,
+                                 tgt_vocab.symbols, num_updates=0, epoch=0)
+        meta = run_meta(src_lang, tgt_lang, shared, directory, print_id)
+        dictionaries = {f"dict.{src_lang}.txt": src_vocab.symbols, f"dict.{tgt_lang}.txt": tgt_vocab.symbols}
 
-    def write(run_dir: Path) -> None:
-        for name, source in spm_files.items():
-            shutil.copyfile(source, run_dir / name)
-        for name, symbols in dictionaries.items():
-            (run_dir / name).write_text("".join(f"{s} 1\n" for s in symbols[len(SPECIALS):]), encoding="utf-8")
-        (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        save_checkpoint(state, run_dir / "checkpoint.pt")
+        def write(run_dir: Path) -> None:
+            for name, source in spm_files.items():
+                shutil.copyfile(source, run_dir / name)
+            for name, symbols in dictionaries.items():
+                (run_dir / name).write_text("".join(f"{s} 1\n" for s in symbols[len(SPECIALS):]), encoding="utf-8")
+            (run_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+            save_checkpoint(state, run_dir / "checkpoint.pt")
 
-    publish_import(cfg.out_dir, write)
+        publish_import(cfg.out_dir, write)
     return ImportResult(checkpoint_path, written=True)
 
 
