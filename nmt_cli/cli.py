@@ -12,13 +12,15 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
 from nmt_cli import __version__
-from nmt_cli.errors import NmtError
+from nmt_cli.errors import NmtError, one_line
 from nmt_cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_by_exception
-from nmt_cli.streams import guard_standard_streams, write_path_names_as_given
+from nmt_cli.streams import guard_standard_streams, utf8_stdout
 
 # name -> (module under nmt_cli.commands, one-line help shown by `nmt --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -66,50 +68,61 @@ class LazyGroup(click.Group):
 
     def main(self, *args, **kwargs):
         guard_standard_streams()
-        write_path_names_as_given()
-        with terminate_by_exception():
-            try:
-                return super().main(*args, **kwargs)
-            except NmtError as error:  # outside a subcommand: `nmt --help` on a closed stdout
-                click.echo(f"error: {error}", err=True)
-                sys.exit(1)
+        utf8_stdout()
+        # Here too, not only in invoke: the group's own options (--help, --version)
+        # write to stdout while click parses them, before invoke runs.
+        with terminate_by_exception(), _one_error_line():
+            return super().main(*args, **kwargs)
 
     def invoke(self, ctx: click.Context):
         try:
             os.getcwd()
         except FileNotFoundError:  # every relative path would fail, each with a traceback of its own
-            click.echo("error: the current directory no longer exists (`nmt preprocess --destdir .`, say, "
-                       "replaces it with a new one): cd into it again", err=True)
+            _report("the current directory no longer exists (`nmt preprocess --destdir .`, say, "
+                    "replaces it with a new one): cd into it again")
             sys.exit(1)
-        try:
+        with _one_error_line():  # within click's main, which would turn Ctrl-C into "Aborted!"
             return super().invoke(ctx)
-        except NmtError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(1)
-        except BrokenPipeError:
-            # `nmt translate ... | head`: the reader went away; that is not an error.
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            sys.exit(0)
-        except OSError as error:
-            # The machine's state or the user's path, not a bug: one line, no traceback.
-            if error.errno not in ENVIRONMENT_ERRNOS:
-                raise
-            location = f": {error.filename}" if error.filename else ""
-            click.echo(f"error: {error.strerror or error}{location}", err=True)
-            sys.exit(1)
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
-        except Terminated:
-            click.echo("terminated", err=True)
-            sys.exit(EXIT_TERMINATED)
-        except RuntimeError as error:  # torch's out-of-memory errors (CPU and GPU) are RuntimeErrors
-            if not _is_out_of_memory(error):
-                raise
-            click.echo(f"error: out of memory ({str(error).splitlines()[0][:300]}); smaller batches "
-                       "(--max-tokens, --batch-size) or a smaller --beam need less", err=True)
-            sys.exit(1)
+
+
+def _report(message: str) -> None:
+    """The one `error:` line on stderr (a newline in a file name would split it)."""
+    click.echo(f"error: {one_line(message)}", err=True)
+
+
+@contextmanager
+def _one_error_line() -> Iterator[None]:
+    """Bad input, the machine's state or an interrupt within the block: one line on
+    stderr and the exit status; a bug keeps its traceback."""
+    try:
+        yield
+    except NmtError as error:
+        _report(str(error))
+        sys.exit(1)
+    except BrokenPipeError:
+        # `nmt translate ... | head`: the reader went away; that is not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+    except OSError as error:
+        # The machine's state or the user's path, not a bug: one line, no traceback.
+        if error.errno not in ENVIRONMENT_ERRNOS:
+            raise
+        location = f": {error.filename}" if error.filename else ""
+        _report(f"{error.strerror or error}{location}")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Terminated:
+        click.echo("terminated", err=True)
+        sys.exit(EXIT_TERMINATED)
+    except RuntimeError as error:  # torch's out-of-memory errors (CPU and GPU) are RuntimeErrors
+        if not _is_out_of_memory(error):
+            raise
+        _report(f"out of memory ({str(error).splitlines()[0][:300]}); smaller batches "
+                "(--max-tokens, --batch-size) or a smaller --beam need less")
+        sys.exit(1)
 
 
 def _is_out_of_memory(error: RuntimeError) -> bool:

@@ -6,8 +6,12 @@ status 1; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+# C0 and C1 control characters and DEL: a newline in a file name would split a message.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class NmtError(Exception):
@@ -17,6 +21,12 @@ class NmtError(Exception):
 def where(path: object, line: int | None = None) -> str:
     """Format a location for error messages: `file` or `file:line`."""
     return f"{path}:{line}" if line is not None else f"{path}"
+
+
+def one_line(message: str) -> str:
+    """`message` as one printable line: control characters as Python writes them in a
+    string (a newline as `\\n`, an escape as `\\x1b`); all else, file names too, as it is."""
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), message)
 
 
 def first_difference(a: Mapping[Any, Any] | Sequence[Any], b: Mapping[Any, Any] | Sequence[Any]) -> tuple[Any, Any, Any] | None:

@@ -7,6 +7,9 @@ command opens takes the free descriptor: a checkpoint or `-o` file opened as des
 descriptor first. A closed stderr then silences the command's messages; a closed stdin
 or stdout is one error line at its first use, since reading nothing or writing nowhere
 would lose data silently.
+
+Stdout is also made UTF-8 whatever the locale (`utf8_stdout`), as every file nmt
+writes is.
 """
 
 from __future__ import annotations
@@ -73,14 +76,45 @@ def guard_standard_streams() -> None:
             sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
-def write_path_names_as_given() -> None:
-    """Let stdout write a path name that is not UTF-8 as the bytes it came as.
+class _Stdout(io.TextIOWrapper):
+    """The process's stdout as `utf8_stdout` makes it: a failed write (a full disk) is
+    NmtError naming <stdout>, as `files.write_output` says it; a reader gone away
+    (`| head`) stays BrokenPipeError, which the CLI ends quietly."""
 
-    Python turns such bytes of a command line into lone surrogates, and a UTF-8 stdout
-    with the `strict` error handler (a UTF-8 locale other than C.UTF-8, or
-    PYTHONIOENCODING=utf-8) cannot encode them: `wrote DIR/m.model` would be a traceback.
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise NmtError(f"cannot write <stdout>: {error.strerror or error}") from None
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            raise NmtError(f"cannot write <stdout>: {error.strerror or error}") from None
+
+
+def utf8_stdout() -> None:
+    """Make stdout UTF-8 whatever the locale (LC_ALL=C, PYTHONIOENCODING=ascii or
+    latin-1), as every file nmt writes is: a character the locale cannot encode would
+    stop the command after part of its output. A path name that is not UTF-8 is
+    written as the bytes it came as (Python's lone surrogates for them).
+
+    The process's own stdout is replaced by `_Stdout`, so that click's writes (a
+    command's report, --help) name it when they fail. Another (a closed one's stand-in,
+    a test's capture) is only reconfigured: a second wrapper would close its buffer
+    when dropped.
     """
     stream = sys.stdout
-    if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict" and \
-            stream.encoding.lower().replace("-", "") == "utf8":
-        stream.reconfigure(errors="surrogateescape")
+    if not isinstance(stream, io.TextIOWrapper):
+        return
+    if stream is sys.__stdout__:
+        stream.flush()
+        sys.stdout = _Stdout(stream.buffer, encoding="utf-8", errors="surrogateescape", newline="\n",
+                             line_buffering=stream.line_buffering, write_through=stream.write_through)
+    else:
+        stream.reconfigure(encoding="utf-8", errors="surrogateescape")
