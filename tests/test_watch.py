@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from databin_utils import reversal_data_bin
+from fault_utils import assert_one_error
 from rich.console import Console
 
 from nmt_cli.cli import main
@@ -273,6 +274,29 @@ def test_plot_without_matplotlib_is_one_line(tmp_path: Path, two_runs: list[Path
     result = run_without("matplotlib", ["plot", two_runs[0], "-o", tmp_path / "c.png"])
     assert result.returncode == 1
     one_error_line(result.stderr, "nmt plot needs matplotlib: pip install 'nmt-cli[plot]'")
+
+
+def test_plot_labels_a_run_whose_name_is_not_utf8(tmp_path: Path, two_runs: list[Path]) -> None:
+    run = Path(os.fsdecode(os.fsencode(tmp_path) + b"/r\xff"))
+    shutil.copytree(two_runs[0], run)
+    for suffix in (".png", ".html"):
+        result = CliRunner().invoke(main, ["plot", str(run), "-o", str(tmp_path / f"c{suffix}")])
+        assert result.exit_code == 0, result.output
+    assert "<title>training curves: r\\xff</title>" in (tmp_path / "c.html").read_text(encoding="utf-8")
+
+
+def test_plot_without_a_writable_matplotlib_cache_is_one_line(tmp_path: Path, two_runs: list[Path]) -> None:
+    """No config or cache directory (MPLCONFIGDIR a file here) and no temporary one."""
+    (tmp_path / "not-a-dir").write_text("")
+    code = ("import tempfile, sys\n"
+            "def refuse(*args, **kwargs): raise FileNotFoundError(2, 'No usable temporary directory found')\n"
+            "tempfile.mkdtemp = refuse\n"
+            "from nmt_cli.cli import main; sys.argv[0] = 'nmt'; main()")
+    result = subprocess.run([sys.executable, "-c", code, "plot", str(two_runs[0]), "-o", str(tmp_path / "c.png")],
+                            env={**SUBPROCESS_ENV, "MPLCONFIGDIR": str(tmp_path / "not-a-dir")}, cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert_one_error(result.returncode, result.stderr, "nmt plot cannot start matplotlib", "MPLCONFIGDIR")
+    assert not (tmp_path / "c.png").exists()
 
 
 # --- live progress ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ around their update.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +72,13 @@ def read_runs(runs: tuple[str, ...]) -> list[RunCurves]:
         names = [str(run_of(path)) for path in paths]
     if len(set(names)) < len(names):
         names = [str(run_of(path.resolve())) for path in paths]
-    return [read_curves(path, name) for path, name in zip(paths, names)]
+    return [read_curves(path, _label(name)) for path, name in zip(paths, names)]
+
+
+def _label(name: str) -> str:
+    """A run's name as text that matplotlib and the HTML page can hold: the bytes of a
+    name that is not UTF-8 (Python's lone surrogates for them) as `\\xff`."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def read_curves(path: Path, name: str) -> RunCurves:

@@ -42,6 +42,8 @@ def _require_matplotlib():
         from matplotlib.figure import Figure
     except ImportError:
         raise NmtError(f"nmt plot needs matplotlib: {EXTRA_HINT}") from None
+    except OSError as error:  # no writable config or cache directory: its message names MPLCONFIGDIR
+        raise NmtError(f"nmt plot cannot start matplotlib: {error}") from None
     return Figure
 
 
