@@ -66,3 +66,11 @@ def check_cuda_device(device: str, flag: str = "--device") -> None:
     count = torch.cuda.device_count()
     if index is not None and index >= count:
         raise NmtError(f"{flag} {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+
+
+def workers_cannot_start(error: OSError, need: str = "") -> NmtError:
+    """The one error for worker processes (`--workers N`) that the OS will not start:
+    the machine's state (`need` says what they need that it lacks), not any file's."""
+    reason = error.strerror or str(error)
+    needs = f" ({need})" if need else ""
+    return NmtError(f"cannot start the --workers processes: {reason}{needs}; --workers 1 works in this process alone")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -183,6 +184,20 @@ def test_a_word_limit_that_keeps_no_word_is_refused(raw: Path, flag: str) -> Non
         PreprocessConfig("en", "de", raw / "train", nwordssrc=value, nwordstgt=value)
     help_text = " ".join(nmt("preprocess", "--help").output.split())
     assert help_text.count("specials included") == 2 and help_text.count("(0 or -1: all)") == 2
+
+
+def test_workers_that_cannot_start_are_one_line_that_blames_no_file(raw: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only /dev/shm: the pool's semaphores cannot be made (--workers 1 needs none)."""
+    from nmt_cli.preprocess import stages
+
+    def no_semaphores(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(stages, "ProcessPoolExecutor", no_semaphores)
+    result = nmt(*preprocess_args(raw), "--workers", "2")
+    assert_one_error(result, "cannot start the --workers processes: Read-only file system", "/dev/shm", "--workers 1")
+    assert "--destdir" not in result.stderr
+    assert nmt(*preprocess_args(raw), "--workers", "1").exit_code == 0
 
 
 def test_learn_apply_bpe_and_binarize_commands(tmp_path: Path) -> None:

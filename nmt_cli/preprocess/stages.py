@@ -20,6 +20,7 @@ from typing import Any
 
 from nmt_cli.data.dictionary import UNK_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
+from nmt_cli.machine import workers_cannot_start
 from nmt_cli.preprocess.clean import REASONS, CleanSettings, drop_reason
 from nmt_cli.signals import workers_ignore_interrupts
 from nmt_cli.text.bpe import BpeModel
@@ -149,18 +150,22 @@ class JobRunner:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._pool = (
-            ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-            if workers > 1
-            else None
-        )
+        self._pool = None
+        if workers > 1:
+            try:
+                self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+            except OSError as error:  # the pool's queues lock with POSIX semaphores, files in /dev/shm
+                raise workers_cannot_start(error, "their locks need a writable /dev/shm") from None
 
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any], on_done: Callable[[], None] | None = None) -> list:
         """Results in job order; `on_done` is called once per finished job (for progress)."""
         results = []
         if self._pool is not None:
             with workers_ignore_interrupts():  # the pool starts its processes as the jobs are submitted
-                outputs = self._pool.map(fn, jobs)
+                try:
+                    outputs = self._pool.map(fn, jobs)
+                except OSError as error:  # no process slots or memory left (a job's own errors come later)
+                    raise workers_cannot_start(error) from None
         else:
             outputs = map(fn, jobs)
         for output in outputs:
