@@ -8,6 +8,7 @@ dozen Adam steps on a copy task.
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
@@ -532,6 +533,20 @@ def test_a_bad_checkpoint_with_workers_is_one_error_line(tmp_path):
     result = nmt("--path", str(tmp_path / "broken.pt"), *FAST, "--workers", "2", input="the dog\n")
     assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
     assert "broken.pt" in result.stderr
+
+
+def test_workers_the_machine_cannot_start_are_one_error_line(run_dir, monkeypatch):
+    """No process slots left (fork's EAGAIN): one line that says so, not a traceback."""
+    import multiprocessing.context
+
+    def start(process):
+        raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start)
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--workers", "2", input="the dog\n")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == (f"error: cannot start the --workers processes: {os.strerror(errno.EAGAIN)}; "
+                             "--workers 1 works in this process alone\n"), result.stderr
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -32,6 +32,7 @@ from nmt_cli.config import TranslateConfig
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.translator import Translation, Translator, prepare_process
 from nmt_cli.errors import NmtError
+from nmt_cli.machine import workers_cannot_start
 from nmt_cli.signals import workers_ignore_interrupts
 
 
@@ -59,7 +60,13 @@ class ParallelTranslator:
             for _ in range(cfg.workers - 1):
                 ours, theirs = context.Pipe()
                 process = context.Process(target=_serve, args=(theirs, cfg), daemon=True, name="nmt translate worker")
-                process.start()
+                try:
+                    process.start()
+                except OSError as error:  # no process slots or memory left
+                    ours.close()
+                    theirs.close()
+                    self.stop(finished=False)  # the workers already started
+                    raise workers_cannot_start(error) from None
                 theirs.close()
                 self.workers.append((process, ours))
 
@@ -74,8 +81,12 @@ class ParallelTranslator:
         return self
 
     def __exit__(self, exc_type: object, *_: object) -> None:
+        self.stop(finished=exc_type is None)
+
+    def stop(self, finished: bool) -> None:
+        """Stop the workers: `finished`, they are told to and awaited; else terminated."""
         for process, connection in self.workers:
-            if exc_type is None:
+            if finished:
                 try:
                     connection.send(None)  # finish
                 except OSError:
