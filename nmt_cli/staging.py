@@ -134,6 +134,23 @@ def fingerprint(settings: dict[str, Any], files: Iterable[Path]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+def file_version(path: Path) -> tuple[int, int, int, int]:
+    """What tells one version of a file from the next: a file renamed over it (a run's
+    atomic save) is another inode, one written in place another size or time."""
+    stats = os.stat(path)
+    return stats.st_dev, stats.st_ino, stats.st_size, stats.st_mtime_ns
+
+
+def check_unchanged(versions: dict[Path, tuple[int, int, int, int]]) -> None:
+    """Raise if a file is no longer the version `file_version` gave before it was read: an
+    output fingerprinted by its inputs' stats would be taken for up to date with a file it
+    was not made from."""
+    for path, version in versions.items():
+        if file_version(path) != version:
+            raise NmtError(f"{path} changed while it was read (a run saving it?); run this again once nothing "
+                           "writes it")
+
+
 def refuse_inputs_inside(inputs: Iterable[Path], dest: Path, flag: str) -> None:
     """Raise if an input file lies inside `dest`: the finished output replaces that directory
     as a whole, which would delete the input."""

@@ -73,3 +73,43 @@ def test_a_second_marian_import_into_an_out_being_written_is_refused(tmp_path, m
     assert CliRunner().invoke(main, ["import-marian", str(model), "--out", str(truth)]).exit_code == 0
     check_one_writer(monkeypatch, marian_importer, "convert_weights", ["import-marian", str(model), "--out", str(out)],
                      ["import-marian", str(other), "--out", str(out)], out, truth)
+
+
+def check_replaced_while_read(monkeypatch, module, step: str, replaced: Path, replacement: Path,
+                              command: list[str], out: Path) -> None:
+    """Run the import `command`, `replaced` being renamed over by `replacement` (a training
+    run's atomic save) just after `module.step` has read it: the import must refuse, else
+    its --out would record the new file's fingerprint over the old file's weights and a
+    rerun would find it up to date."""
+    real_step = getattr(module, step)
+
+    def step_then_replaced(*args, **kwargs):
+        result = real_step(*args, **kwargs)
+        if replacement.exists():
+            replacement.replace(replaced)
+        return result
+
+    monkeypatch.setattr(module, step, step_then_replaced)
+    result = CliRunner().invoke(main, command)
+    monkeypatch.undo()
+    assert result.exit_code == 1 and not out.exists(), result.output
+    assert result.output == (f"error: {replaced} changed while it was read (a run saving it?); run this again once "
+                             "nothing writes it\n")
+    assert CliRunner().invoke(main, command).exit_code == 0  # once nothing writes it
+
+
+def test_a_fairseq_checkpoint_replaced_while_it_is_read_is_refused(tmp_path, monkeypatch):
+    checkpoint, dict_dir, _ = write_fake_fairseq(tmp_path)
+    newer, _, _ = write_fake_fairseq(tmp_path, name="newer.pt")
+    out = tmp_path / "out"
+    check_replaced_while_read(monkeypatch, fairseq_importer, "load_fairseq_checkpoint", checkpoint, newer,
+                              ["import-fairseq", str(checkpoint), "--dict-dir", str(dict_dir), "--out", str(out)], out)
+
+
+def test_marian_weights_replaced_while_they_are_read_are_refused(tmp_path, monkeypatch):
+    model = hand_written_model(tmp_path / "model")
+    newer = hand_written_model(tmp_path / "newer")
+    [weights] = marian_importer.weight_files(model)
+    out = tmp_path / "out"
+    check_replaced_while_read(monkeypatch, marian_importer, "read_model_weights", weights, newer / weights.name,
+                              ["import-marian", str(model), "--out", str(out)], out)

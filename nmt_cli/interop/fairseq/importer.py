@@ -28,7 +28,7 @@ from nmt_cli.interop.fairseq.checkpoint import (
 from nmt_cli.interop.imported import ImportResult, holds_this_import, imported_run_meta, publish_import
 from nmt_cli.models.registry import build_model
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import fingerprint
+from nmt_cli.staging import check_unchanged, file_version, fingerprint
 from nmt_cli.text.subword_nmt import SubwordNmtBpe
 
 # ---------------------------------------------------------------------------
@@ -168,6 +168,7 @@ def import_fairseq(cfg: FairseqImportConfig) -> ImportResult:
     as it is, so re-running an import is harmless.
     """
     checkpoint_path = cfg.out_dir / "checkpoint.pt"
+    read_version = {cfg.checkpoint: file_version(cfg.checkpoint)} if cfg.checkpoint.is_file() else {}
     with malformed_checkpoint_as_error(cfg.checkpoint):
         loaded = load_fairseq_checkpoint(cfg.checkpoint)
         model_cfg = model_config_from_args(loaded.args, loaded.weights, cfg.checkpoint, loaded.labels)
@@ -186,6 +187,7 @@ def import_fairseq(cfg: FairseqImportConfig) -> ImportResult:
         SubwordNmtBpe.load(cfg.bpe_codes)
     inputs = [cfg.checkpoint, src_dict_path, tgt_dict_path] + ([cfg.bpe_codes] if cfg.bpe_codes is not None else [])
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
+    check_unchanged(read_version)  # the fingerprint is of the checkpoint that was loaded
     run_files = {"checkpoint.pt", "meta.json", src_dict_path.name, tgt_dict_path.name}
     run_files |= {"bpe.codes"} if cfg.bpe_codes is not None else set()
     with directory_lock(cfg.out_dir, "--out"):  # one writer, from the check of --out to its publication

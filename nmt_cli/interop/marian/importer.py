@@ -33,7 +33,7 @@ from nmt_cli.interop.marian.weights import read_model_weights, weight_files
 from nmt_cli.json_text import json_object
 from nmt_cli.models.registry import build_model
 from nmt_cli.run_lock import directory_lock
-from nmt_cli.staging import fingerprint
+from nmt_cli.staging import check_unchanged, file_version, fingerprint
 from nmt_cli.text.bpe import BpeModel
 
 # The output bias of `<s>`, which Marian's vocabularies lack: far below any real logit.
@@ -84,6 +84,7 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
     inputs = [directory / "config.json", src_vocab.path, tgt_vocab.path, *spm_files.values(), *weight_paths]
     if tokenizer_config:
         inputs.append(directory / "tokenizer_config.json")
+    weight_versions = {path: file_version(path) for path in weight_paths}
     print_id = fingerprint({"languages": [src_lang, tgt_lang]}, inputs)
     dict_names = {f"dict.{src_lang}.txt", f"dict.{tgt_lang}.txt"}
     checkpoint_path = cfg.out_dir / "checkpoint.pt"
@@ -92,8 +93,9 @@ def import_marian(cfg: MarianImportConfig) -> ImportResult:
                              inputs):
             return ImportResult(checkpoint_path, written=False)
 
-        weights, sharing = convert_weights(strip_model_prefix(read_model_weights(weight_paths)), config, src_vocab,
-                                           tgt_vocab, directory)
+        read = read_model_weights(weight_paths)
+        check_unchanged(weight_versions)  # the fingerprint is of the weights that were read
+        weights, sharing = convert_weights(strip_model_prefix(read), config, src_vocab, tgt_vocab, directory)
         model_cfg = model_config(config, sharing)
         # Every weight is loaded next (check_state_dict_fits makes sure): no random init.
         model = build_model(model_cfg, len(src_vocab.symbols), len(tgt_vocab.symbols), initialise=False)
