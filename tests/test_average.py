@@ -124,6 +124,16 @@ def test_incompatible_checkpoints_are_refused(tmp_path, changes, message):
     assert message in str(error.value) and str(a) in str(error.value) and str(b) in str(error.value)
 
 
+def test_a_checkpoint_of_an_older_nmt_averages_with_a_newer_ones(tmp_path):
+    """An older nmt wrote no fields added since: the model reads them as their defaults, so
+    the architectures are the same."""
+    added_since = ("activation_fn", "sinusoids", "output_bias", "start_embedding")
+    older = checkpoint(small_state(1), model_config={k: v for k, v in SMALL_CONFIG.items() if k not in added_since})
+    avg = average_checkpoints([write(tmp_path, "a.pt", older), write(tmp_path, "b.pt", checkpoint(small_state(2)))])
+    mean = (small_state(1)["layer.weight"] + small_state(2)["layer.weight"]) / 2
+    assert torch.allclose(avg["model"]["layer.weight"], mean, rtol=0, atol=1e-7)
+
+
 def test_dropout_may_differ(tmp_path):
     a = write(tmp_path, "a.pt", checkpoint(small_state(1)))
     b = write(tmp_path, "b.pt", checkpoint(small_state(2), model_config={**SMALL_CONFIG, "dropout": 0.3}))

@@ -22,7 +22,7 @@ from nmt_cli.checkpoints.ema_weights import with_ema_as_model
 from nmt_cli.checkpoints.format import (MODEL_KEYS, check_finite_weights, check_weights_fit_config, load_checkpoint,
                                         save_checkpoint)
 from nmt_cli.checkpoints.names import EPOCH_PATTERN, UPDATE_PATTERN, epoch_of, is_training_checkpoint, updates_of
-from nmt_cli.config import AverageConfig
+from nmt_cli.config import AverageConfig, ModelConfig
 from nmt_cli.errors import NmtError, first_difference
 from nmt_cli.files import refuse_overwriting_inputs
 
@@ -64,7 +64,9 @@ def fingerprint(state: dict[str, Any]) -> dict[str, Any]:
     """What must agree between checkpoints to average them (dropout rates may differ)."""
     weights = state["model"]
     return {
-        "architecture": {k: v for k, v in state["model_config"].items() if k not in IGNORED_CONFIG_FIELDS},
+        # As the model reads it: fields an older nmt did not write take their defaults.
+        "architecture": {k: v for k, v in ModelConfig.from_dict(state["model_config"]).to_dict().items()
+                         if k not in IGNORED_CONFIG_FIELDS},
         "languages": (state.get("source_lang"), state.get("target_lang")),
         "src_dict": state["src_dict"],
         "tgt_dict": state["tgt_dict"],
