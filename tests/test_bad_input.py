@@ -149,6 +149,14 @@ def meta_with(ws: Workspace, content: bytes) -> Path:
     return copy
 
 
+def meta_of_format(ws: Workspace, version: int) -> Path:
+    """A copy of the data-bin whose meta.json says another layout (a newer nmt's)."""
+    copy = ws.data_bin_copy()
+    meta = json.loads((copy / "meta.json").read_text(encoding="utf-8"))
+    (copy / "meta.json").write_text(json.dumps({**meta, "format_version": version}), encoding="utf-8")
+    return copy
+
+
 def run_with_bpe_model(ws: Workspace, content: bytes) -> Path:
     """A copy of the run whose meta.json names a sentencepiece model holding `content`."""
     run = ws.run_copy()
@@ -284,6 +292,8 @@ CASES = [
     Case("train", "meta.json not UTF-8", lambda ws: train(ws, meta_with(ws, b'{"source_lang": "\xff"}')),
          ("meta.json: invalid UTF-8 (byte 17)",)),
     Case("train", "meta.json a list", lambda ws: train(ws, meta_with(ws, b"[1, 2]")), ("JSON object", "meta.json")),
+    Case("train", "meta.json of another format", lambda ws: train(ws, meta_of_format(ws, 2)),
+         ("meta.json has format_version 2; this version of nmt reads format_version 1",)),
     Case("train", "dictionary not UTF-8", lambda ws: train(ws, (lambda d: (d / "dict.tgt.txt").write_bytes(
         b"w1 1\n\xfe\xff 2\n") and d)(ws.data_bin_copy())), ("not valid UTF-8", "dict.tgt.txt")),
     Case("train", "resume: weights of another architecture", lambda ws: resume_from(ws, {"model": wider_weights(ws)}),

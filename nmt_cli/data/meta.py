@@ -17,6 +17,8 @@ from nmt_cli.errors import NmtError
 from nmt_cli.field_types import has_type
 from nmt_cli.json_text import JSON_NAMES, json_object
 
+# The layout of meta.json (docs/FORMATS.md); a file of another is refused, not misread.
+META_FORMAT_VERSION = 1
 NONE = type(None)
 # Top-level fields and the JSON types each may have (a bool is not a number).
 FIELDS: dict[str, tuple[type, ...]] = {
@@ -48,6 +50,9 @@ def read_meta(directory: str | Path) -> dict[str, Any]:
         raise NmtError(f"cannot read {path}: {error.strerror or error}") from None
     meta = json_object(raw, str(path))
     _check_fields(meta, FIELDS, path, "")
+    if meta.get("format_version", META_FORMAT_VERSION) != META_FORMAT_VERSION:
+        raise NmtError(f"{path} has format_version {meta['format_version']}; this version of nmt reads "
+                       f"format_version {META_FORMAT_VERSION} (a newer nmt wrote it?)")
     for name, fields in (("tokenizer", TOKENIZER_FIELDS), ("bpe", BPE_FIELDS)):
         if isinstance(meta.get(name), dict):
             _check_fields(meta[name], fields, path, f"{name}.")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nmt_cli.checkpoints.format import FORMAT_VERSION
+from nmt_cli.data.meta import META_FORMAT_VERSION
 from nmt_cli.staging import build_then_publish, check_destination, failure_line, recorded_in_meta, refuse_inputs_inside
 
 
@@ -49,5 +49,5 @@ def imported_run_meta(src_lang: str, tgt_lang: str, joined: bool, tokenizer: dic
     """meta.json of an imported run: the text processing that `nmt translate` applies as the
     model's own toolkit did, and `imported_from` (the toolkit, the source, and the
     fingerprint of the inputs, which tells a re-run of the same import)."""
-    return {"format_version": FORMAT_VERSION, "source_lang": src_lang, "target_lang": tgt_lang,
+    return {"format_version": META_FORMAT_VERSION, "source_lang": src_lang, "target_lang": tgt_lang,
             "joined_dictionary": joined, "tokenizer": tokenizer, "bpe": bpe, "imported_from": imported_from}

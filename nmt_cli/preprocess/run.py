@@ -24,7 +24,7 @@ from pathlib import Path
 from nmt_cli import __version__
 from nmt_cli.config import PreprocessConfig
 from nmt_cli.data.dictionary import SPECIALS, Dictionary
-from nmt_cli.data.meta import read_meta
+from nmt_cli.data.meta import META_FORMAT_VERSION, read_meta
 from nmt_cli.errors import NmtError
 from nmt_cli.machine import usable_cpus
 from nmt_cli.preprocess.clean import CleanSettings
@@ -39,7 +39,6 @@ from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.reader import count_lines, read_lines
 from nmt_cli.text.tokenizer import TokenizerSettings
 
-FORMAT_VERSION = 1
 # How learn_bpe's errors name the sizes.
 BPE_FLAGS = {"size_flag": "--bpe-size", "sample_flag": "--bpe-sample"}
 
@@ -277,7 +276,7 @@ def make_meta(
     cleaning: TokenizeResult,
 ) -> dict:
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": META_FORMAT_VERSION,
         "source_lang": cfg.source_lang,
         "target_lang": cfg.target_lang,
         "joined_dictionary": cfg.joined_dictionary,
