@@ -154,6 +154,23 @@ def test_destdir_is_replaced_only_with_force(corpus: Path) -> None:
     assert sorted(p.name for p in corpus.iterdir() if p.name.startswith(".")) == []
 
 
+def test_a_data_bin_an_older_preprocessing_made_is_not_up_to_date(corpus: Path, monkeypatch) -> None:
+    """The same inputs and settings, preprocessed by an nmt whose output was another
+    (a lower revision): a rerun must not take it for up to date, but ask for --force."""
+    from nmt_cli.preprocess import run as run_module
+
+    cfg = config(corpus)
+    monkeypatch.setattr(run_module, "PREPROCESS_REVISION", run_module.PREPROCESS_REVISION - 1)
+    older = run(cfg)
+    monkeypatch.undo()
+    with pytest.raises(NmtError, match="or one that an older nmt preprocessed otherwise.*pass --force"):
+        run(cfg)
+    remade = run(dataclasses.replace(cfg, force=True))
+    assert remade.meta["fingerprint"] != older.meta["fingerprint"]
+    assert remade.meta["versions"]["preprocessing"] == run_module.PREPROCESS_REVISION
+    assert run(cfg).up_to_date
+
+
 @pytest.mark.parametrize("meta", [b"[]", b'{"fingerprint": 7}', b"\xff", b"{"])
 def test_destdir_with_a_foreign_meta_json_is_refused(corpus: Path, meta: bytes) -> None:
     (corpus / "data-bin").mkdir()

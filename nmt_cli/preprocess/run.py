@@ -39,6 +39,10 @@ from nmt_cli.text.bpe import BpeModel, learn_bpe
 from nmt_cli.text.reader import count_lines, read_lines
 from nmt_cli.text.tokenizer import TokenizerSettings
 
+# Bumped when the same inputs and settings come to give another data-bin, so that a rerun
+# over one an older nmt made does not take it for up to date (2: a text token spelt
+# </s>, <pad> or <s> is <unk>, no longer the special's id).
+PREPROCESS_REVISION = 2
 # How learn_bpe's errors name the sizes.
 BPE_FLAGS = {"size_flag": "--bpe-size", "sample_flag": "--bpe-sample"}
 
@@ -99,6 +103,7 @@ def dataset_fingerprint(cfg: PreprocessConfig, splits: list[Split]) -> str:
     if cfg.tgtdict is not None or cfg.joined_dictionary:  # joined: the source side's settings build it
         ignored |= {"thresholdtgt", "nwordstgt"}
     settings = {k: str(v) for k, v in asdict(cfg).items() if k not in ignored}
+    settings["preprocess_revision"] = str(PREPROCESS_REVISION)
     files = text_inputs(cfg, splits) + [p for p in (cfg.srcdict, cfg.tgtdict, cfg.bpe_model) if p is not None]
     return fingerprint(settings, files)
 
@@ -122,7 +127,8 @@ def _preprocess_locked(cfg: PreprocessConfig, splits: list[Split], reporter: Sta
                        segmented_marker: str | None = None) -> PreprocessResult:
     line_counts = count_pairs(cfg, splits)
     print_id = dataset_fingerprint(cfg, splits)
-    if check_destination(cfg.destdir, "--destdir", print_id, cfg.force):
+    if check_destination(cfg.destdir, "--destdir", print_id, cfg.force,
+                         others="a different dataset (or one that an older nmt preprocessed otherwise, or other files)"):
         return PreprocessResult(read_meta(cfg.destdir), reporter.elapsed(), up_to_date=True)
 
     def write(staging: Path) -> dict:
@@ -296,7 +302,7 @@ def make_meta(
             "pairs_kept": cleaning.pairs_kept,
             "dropped": cleaning.dropped,
         },
-        "versions": {"nmt": __version__, "sentencepiece": _version("sentencepiece"), "sacremoses": _version("sacremoses")},
+        "versions": {"nmt": __version__, "preprocessing": PREPROCESS_REVISION, "sentencepiece": _version("sentencepiece"), "sacremoses": _version("sacremoses")},
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
