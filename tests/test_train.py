@@ -11,6 +11,7 @@ import copy
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -283,6 +284,51 @@ def test_resuming_mid_epoch_with_other_batching_says_the_epoch_is_replanned(tmp_
     other = run_cli([data_bin, "--save-dir", run, *TINY, "--max-update", "3", "--seed", "7"])
     assert other.exit_code == 0
     assert "--seed 1 -> 7 since the checkpoint: the rest of epoch 1 is planned anew" in other.stderr
+    assert "(give --seed 1 to keep the run's)" in other.stderr
+
+
+def test_resuming_at_an_epoch_boundary_with_other_batching_says_so_and_how_to_keep_it(tmp_path: Path) -> None:
+    """An older nmt capped --batch-size runs at 4096 tokens, and its checkpoints record that
+    cap: resumed with the same flags by this nmt, which has no cap there, the epochs to come
+    are batched otherwise, which is said with the flag that keeps the run's batches."""
+    data = reversal_data_bin(tmp_path / "bin", train=2000, valid=8)
+    tiny = ["--arch", "transformer_tiny", "--warmup-updates", "20", "--disable-validation", "--batch-size", "1000"]
+    run = tmp_path / "run"
+    assert run_cli([data, "--save-dir", run, *tiny, "--max-tokens", "4096", "--max-epoch", "1"]).exit_code == 0
+    assert load_checkpoint(run / "checkpoint_last.pt")["iterator"]["batches_done"] == 0  # at the epoch's end
+    shutil.copytree(run, tmp_path / "kept")
+    resumed = run_cli([data, "--save-dir", run, *tiny, "--max-epoch", "2"])
+    assert resumed.exit_code == 0
+    assert ("--max-tokens 4096 -> None since the checkpoint: the epochs from here on are batched otherwise than the "
+            "run's so far (give --max-tokens 4096 to keep the run's)") in resumed.stderr
+    kept = run_cli([data, "--save-dir", tmp_path / "kept", *tiny, "--max-tokens", "4096", "--max-epoch", "2"])
+    assert kept.exit_code == 0 and "since the checkpoint" not in kept.stderr
+
+
+def test_a_fixed_schedule_an_older_nmt_ran_without_warm_up_is_not_warmed_up_on_resume(tmp_path: Path,
+                                                                                      data_bin: Path) -> None:
+    """An older nmt's --lr-scheduler fixed ignored --warmup-updates, and its checkpoints'
+    scheduler entry holds no warmup_updates: resumed within the warm-up this nmt would
+    apply, the rates would change mid-run, so it is refused with the flag that keeps them."""
+    from nmt_cli.checkpoints.format import save_checkpoint
+
+    run = tmp_path / "run"
+    fixed = [*TINY, "--lr-scheduler", "fixed", "--warmup-updates", "30"]
+    assert run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "2"]).exit_code == 0
+    state = load_checkpoint(run / "checkpoint_last.pt")
+    assert state["scheduler"] == {"name": "fixed", "num_updates": 2, "warmup_updates": 30}
+    assert run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "3"]).exit_code == 0  # this nmt's own
+    older = load_checkpoint(run / "checkpoint_last.pt")
+    older["scheduler"] = {"name": "fixed", "num_updates": older["num_updates"]}
+    save_checkpoint(older, run / "checkpoint_last.pt")
+    refused = run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "4"])
+    assert refused.exit_code == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "whose --lr-scheduler fixed kept the constant --lr without warm-up" in refused.stderr
+    assert "give --warmup-updates 0 to go on as the run began" in refused.stderr
+    constant = run_cli([data_bin, "--save-dir", run, *TINY, "--lr-scheduler", "fixed", "--warmup-updates", "0",
+                        "--max-update", "4", "--log-interval", "1"])
+    assert constant.exit_code == 0, constant.stderr
+    assert [r["lr"] for r in records(run, "train") if r["update"] == 4] == [pytest.approx(3e-3)]
 
 
 def test_new_adam_settings_on_resume_are_the_ones_used(tmp_path: Path, data_bin: Path) -> None:

@@ -167,16 +167,36 @@ class Trainer:
         check_compatible(state, path, self.data, self.model_cfg)
         check_same_data(state, path, self.data_fingerprint, self.data.path)
 
+    def _check_fixed_schedule_kept(self, scheduler: dict[str, Any], progress: Progress) -> None:
+        """An nmt older than the checkpoint's `warmup_updates` entry trained `--lr-scheduler
+        fixed` at the constant --lr whatever --warmup-updates said; this one warms up. Within
+        the warm-up the rates would differ from the run's so far, so that is refused."""
+        schedule = self.engine.schedule
+        if (scheduler.get("name") == "fixed" and "warmup_updates" not in scheduler and schedule.name == "fixed"
+                and progress.num_updates < schedule.warmup_updates):
+            raise NmtError(f"{self.save_dir / LAST} was trained by an older nmt, whose --lr-scheduler fixed kept the "
+                           f"constant --lr without warm-up; this one warms up over --warmup-updates "
+                           f"{schedule.warmup_updates}: give --warmup-updates 0 to go on as the run began")
+
     def _warn_if_epoch_replanned(self, before: dict[str, Any], progress: Progress) -> None:
-        """Resuming mid-epoch skips the batches already done; with other batching flags the
-        epoch's batches are not the ones that were done, so say so."""
+        """Other batching flags than the checkpoint's (or another nmt's defaults for them) plan
+        other batches than the run's so far: say so, and how to keep the run's. Mid-epoch, the
+        batches already done are skipped from a plan that is not the one they came from."""
         keys = ("max_tokens", "batch_size", "required_batch_size_multiple", "seed")
         now = self.cfg.to_dict()  # as recorded: max_tokens is the cap in use
-        changed = [f"--{k.replace('_', '-')} {before[k]} -> {now[k]}" for k in keys if k in before and before[k] != now[k]]
-        if changed and progress.batches_done:
-            self.reporter.warning(f"{', '.join(changed)} since the checkpoint: the rest of epoch {progress.epoch} is "
+        changed = [k for k in keys if k in before and before[k] != now[k]]
+        if not changed:
+            return
+        listed = ", ".join(f"--{k.replace('_', '-')} {before[k]} -> {now[k]}" for k in changed)
+        kept = " ".join(f"--{k.replace('_', '-')} {before[k]}" for k in changed if before[k] is not None)
+        how = f" (give {kept} to keep the run's)" if kept else ""
+        if progress.batches_done:
+            self.reporter.warning(f"{listed} since the checkpoint: the rest of epoch {progress.epoch} is "
                                   f"planned anew and its first {progress.batches_done} batches are skipped, so some of "
-                                  "its sentences may be seen twice or not at all")
+                                  f"its sentences may be seen twice or not at all{how}")
+        else:
+            self.reporter.warning(f"{listed} since the checkpoint: the epochs from here on are batched "
+                                  f"otherwise than the run's so far{how}")
 
     def _restart_best_if_metric_changed(self, before: dict[str, Any], progress: Progress) -> None:
         """A best valid nll compared with valid losses would never be beaten (and --patience
@@ -207,6 +227,7 @@ class Trainer:
             with restoring("random number generator states", self.save_dir / LAST):
                 restore_rng(resume["rng"])
             previous_cfg = resume.get("train_config") or {}
+            self._check_fixed_schedule_kept(resume.get("scheduler") or {}, progress)
             self._warn_if_epoch_replanned(previous_cfg, progress)
             self._restart_best_if_metric_changed(previous_cfg, progress)
             if cfg.finetune_from:
@@ -464,7 +485,9 @@ class Trainer:
         state.update({
             "train_config": self.cfg.to_dict(),
             "optimizer": engine.optimizer.state_dict(),
-            "scheduler": {"name": engine.schedule.name, "num_updates": self.progress.num_updates},
+            # warmup_updates: the warm-up in effect, which tells this nmt's fixed schedule from older ones'.
+            "scheduler": {"name": engine.schedule.name, "num_updates": self.progress.num_updates,
+                          "warmup_updates": engine.schedule.warmup_updates},
             "scaler": engine.scaler.state_dict() if engine.scaler is not None else {},
             "rng": capture_rng(),
             "log_window": log_window,
