@@ -307,9 +307,11 @@ def test_resuming_at_an_epoch_boundary_with_other_batching_says_so_and_how_to_ke
 
 def test_a_fixed_schedule_an_older_nmt_ran_without_warm_up_is_not_warmed_up_on_resume(tmp_path: Path,
                                                                                       data_bin: Path) -> None:
-    """An older nmt's --lr-scheduler fixed ignored --warmup-updates, and its checkpoints'
-    scheduler entry holds no warmup_updates: resumed within the warm-up this nmt would
-    apply, the rates would change mid-run, so it is refused with the flag that keeps them."""
+    """An older nmt's --lr-scheduler fixed ignored --warmup-updates: its checkpoints'
+    scheduler entry holds no warmup_updates, and their last rate is the constant --lr.
+    Resumed within the warm-up this nmt would apply, the rate would drop mid-run, so it is
+    refused with the flag that keeps it. One of this schedule (its last rate a warm-up's)
+    written before the entry existed resumes."""
     from nmt_cli.checkpoints.format import save_checkpoint
 
     run = tmp_path / "run"
@@ -318,17 +320,24 @@ def test_a_fixed_schedule_an_older_nmt_ran_without_warm_up_is_not_warmed_up_on_r
     state = load_checkpoint(run / "checkpoint_last.pt")
     assert state["scheduler"] == {"name": "fixed", "num_updates": 2, "warmup_updates": 30}
     assert run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "3"]).exit_code == 0  # this nmt's own
+    unmarked = load_checkpoint(run / "checkpoint_last.pt")
+    unmarked["scheduler"] = {"name": "fixed", "num_updates": unmarked["num_updates"]}
+    assert unmarked["optimizer"]["param_groups"][0]["lr"] == pytest.approx(3e-3 * 3 / 30)
+    save_checkpoint(unmarked, run / "checkpoint_last.pt")
+    assert run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "4"]).exit_code == 0
     older = load_checkpoint(run / "checkpoint_last.pt")
     older["scheduler"] = {"name": "fixed", "num_updates": older["num_updates"]}
+    for group in older["optimizer"]["param_groups"]:
+        group["lr"] = 3e-3  # the constant rate it trained at
     save_checkpoint(older, run / "checkpoint_last.pt")
-    refused = run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "4"])
+    refused = run_cli([data_bin, "--save-dir", run, *fixed, "--max-update", "5"])
     assert refused.exit_code == 1 and refused.stderr.count("\n") == 1, refused.stderr
     assert "whose --lr-scheduler fixed kept the constant --lr without warm-up" in refused.stderr
     assert "give --warmup-updates 0 to go on as the run began" in refused.stderr
     constant = run_cli([data_bin, "--save-dir", run, *TINY, "--lr-scheduler", "fixed", "--warmup-updates", "0",
-                        "--max-update", "4", "--log-interval", "1"])
+                        "--max-update", "5", "--log-interval", "1"])
     assert constant.exit_code == 0, constant.stderr
-    assert [r["lr"] for r in records(run, "train") if r["update"] == 4] == [pytest.approx(3e-3)]
+    assert [r["lr"] for r in records(run, "train") if r["update"] == 5] == [pytest.approx(3e-3)]
 
 
 def test_new_adam_settings_on_resume_are_the_ones_used(tmp_path: Path, data_bin: Path) -> None:

@@ -8,6 +8,7 @@ uninterrupted one end with the same parameters and the same train_log.jsonl.
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -167,13 +168,21 @@ class Trainer:
         check_compatible(state, path, self.data, self.model_cfg)
         check_same_data(state, path, self.data_fingerprint, self.data.path)
 
-    def _check_fixed_schedule_kept(self, scheduler: dict[str, Any], progress: Progress) -> None:
-        """An nmt older than the checkpoint's `warmup_updates` entry trained `--lr-scheduler
-        fixed` at the constant --lr whatever --warmup-updates said; this one warms up. Within
-        the warm-up the rates would differ from the run's so far, so that is refused."""
-        schedule = self.engine.schedule
-        if (scheduler.get("name") == "fixed" and "warmup_updates" not in scheduler and schedule.name == "fixed"
-                and progress.num_updates < schedule.warmup_updates):
+    def _check_fixed_schedule_kept(self, resume: dict[str, Any], progress: Progress) -> None:
+        """Older versions' `--lr-scheduler fixed` trained at the constant --lr whatever
+        --warmup-updates said; this one warms up. Resumed within the warm-up, such a run's
+        rate would drop mid-run, so that is refused. Its checkpoints record no warm-up in
+        their scheduler entry, and their last update's rate (the optimizer's) is the
+        constant one where this schedule's would be lower."""
+        scheduler, schedule = resume.get("scheduler") or {}, self.engine.schedule
+        if scheduler.get("name") != "fixed" or "warmup_updates" in scheduler or schedule.name != "fixed":
+            return
+        if not 0 < progress.num_updates < schedule.warmup_updates:
+            return
+        groups = (resume.get("optimizer") or {}).get("param_groups") or [{}]
+        last_rate = float(groups[0].get("lr", 0.0))
+        constant = float((resume.get("train_config") or {}).get("lr", 0.0))
+        if last_rate > 0 and math.isclose(last_rate, constant, rel_tol=1e-6):
             raise NmtError(f"{self.save_dir / LAST} was trained by an older nmt, whose --lr-scheduler fixed kept the "
                            f"constant --lr without warm-up; this one warms up over --warmup-updates "
                            f"{schedule.warmup_updates}: give --warmup-updates 0 to go on as the run began")
@@ -227,7 +236,7 @@ class Trainer:
             with restoring("random number generator states", self.save_dir / LAST):
                 restore_rng(resume["rng"])
             previous_cfg = resume.get("train_config") or {}
-            self._check_fixed_schedule_kept(resume.get("scheduler") or {}, progress)
+            self._check_fixed_schedule_kept(resume, progress)
             self._warn_if_epoch_replanned(previous_cfg, progress)
             self._restart_best_if_metric_changed(previous_cfg, progress)
             if cfg.finetune_from:
