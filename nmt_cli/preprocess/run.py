@@ -302,7 +302,8 @@ def make_meta(
             "pairs_kept": cleaning.pairs_kept,
             "dropped": cleaning.dropped,
         },
-        "versions": {"nmt": __version__, "preprocessing": PREPROCESS_REVISION, "sentencepiece": _version("sentencepiece"), "sacremoses": _version("sacremoses")},
+        "versions": {"nmt": __version__, "preprocessing": PREPROCESS_REVISION,
+                     "sentencepiece": _version("sentencepiece"), "sacremoses": _version("sacremoses")},
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
