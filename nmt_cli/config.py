@@ -1685,6 +1685,14 @@ class ServeConfig:
                             help="Characters per sentence (more: 413).")
     max_total_chars: int = option("--max-total-chars", default=50000, show_default=True,
                                   help="Characters per request (more: 413).")
+    header_timeout: float = option(
+        "--header-timeout", default=10.0, show_default=True,
+        help="Seconds a connection has to send a request's line and headers, from connecting or from its "
+             "previous response; then it gets 408 and is closed.")
+    max_connections: int | None = option(
+        "--max-connections", default=None, type=int,
+        help="Open connections served at most; beyond it a request gets 503. "
+             "[default: what the open-file limit allows, less a tenth kept free]")
     device: str = decoding_device_option()
     precision: str = decoding_precision_option()
     threads: int | None = decoding_threads_option()
@@ -1703,6 +1711,10 @@ class ServeConfig:
                 raise NmtError(f"{flag} must be >= 1 (got {value})")
         if self.max_wait_ms < 0:
             raise NmtError(f"--max-wait-ms must be >= 0 (got {self.max_wait_ms:g})")
+        if not self.header_timeout > 0:
+            raise NmtError(f"--header-timeout must be > 0 (got {self.header_timeout:g})")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise NmtError(f"--max-connections must be >= 1 (got {self.max_connections})")
         if self.max_sentences > self.queue_size:
             raise NmtError(f"--max-sentences {self.max_sentences} exceeds --queue-size {self.queue_size}: "
                            "such a request could never be queued")

@@ -8,6 +8,7 @@ SIGTERM answers every queued request before the server exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import re
@@ -60,11 +61,18 @@ def request(port: int, method: str, path: str, body: bytes | dict | None = None,
 
 
 class Server:
-    def __init__(self, run_dir: Path, *flags: str) -> None:
+    def __init__(self, run_dir: Path, *flags: str, open_files: int | None = None) -> None:
+        """`open_files`: the server's open-file limit, soft and hard (so it cannot raise it)."""
         self.port = free_port()
+
+        def limit_open_files() -> None:  # in the child, before it runs nmt
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.process = subprocess.Popen(
             [sys.executable, "-m", "nmt_cli", "serve", "--path", str(run_dir), "--port", str(self.port), *DECODE, *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=None if open_files is None else limit_open_files)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -319,6 +327,94 @@ def test_sigterm_does_not_wait_for_a_client_whose_body_stopped_arriving(run_dir)
         assert "Traceback" not in server.process.stderr.read().decode()
     finally:
         server.stop()
+
+
+def slow_head(port: int) -> socket.socket:
+    """A connection that has sent the start of a request's head, not all of it."""
+    connection = socket.create_connection(("127.0.0.1", port))
+    connection.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\n")
+    return connection
+
+
+def closed_by_server(connection: socket.socket, timeout: float) -> bytes:
+    """What the server sent before closing `connection`; fails if it stays open past `timeout`."""
+    connection.settimeout(timeout)
+    received = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := connection.recv(4096):
+            received += chunk
+    return received
+
+
+def test_a_connection_slow_to_send_its_head_gets_408_and_is_closed_while_others_are_served(run_dir):
+    """A header line now and then does not keep a connection open past --header-timeout,
+    counted from connecting or, on a kept-alive connection, from the previous response."""
+    server = Server(run_dir, "--header-timeout", "1.5")
+    try:
+        slow = [slow_head(server.port) for _ in range(20)]
+        kept_alive = socket.create_connection(("127.0.0.1", server.port))
+        kept_alive.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        kept_alive.settimeout(30)
+        response = b""
+        while not response.endswith(b"]}"):  # all of /health's response
+            response += kept_alive.recv(4096)
+        assert response.startswith(b"HTTP/1.1 200 ")
+        kept_alive.sendall(b"GET /health HTTP/1.1\r\n")
+        started = time.monotonic()
+        for _ in range(3):  # meanwhile other clients are served, and the slow ones trickle headers
+            assert server.translate(["a test ."])[0] == 200
+            for connection in slow:
+                connection.sendall(b"X-A: b\r\n")
+            time.sleep(0.3)
+        for connection in [*slow, kept_alive]:
+            assert closed_by_server(connection, timeout=10).startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+            connection.close()
+        assert 1.0 < time.monotonic() - started < 8
+        assert server.translate(["a test ."])[0] == 200
+    finally:
+        server.stop()
+    assert "Traceback" not in server.process.stderr.read().decode()
+
+
+def test_beyond_max_connections_a_request_gets_503_and_the_next_is_served(run_dir):
+    server = Server(run_dir, "--max-connections", "3")
+    try:
+        held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]
+        time.sleep(0.5)  # accepted
+        for _ in range(5):
+            status, headers, body = server.translate(["a test ."])
+            assert (status, headers.get("connection")) == (503, "close"), body
+        held.pop().close()
+        time.sleep(0.5)
+        assert server.translate(["a test ."])[0] == 200
+        for connection in held:
+            connection.close()
+    finally:
+        server.stop()
+    warnings = [line for line in server.process.stderr.read().decode().splitlines() if "503" in line]
+    assert len(warnings) == 1 and "request(s) over --max-connections answered 503" in warnings[0], warnings
+
+
+def test_out_of_descriptors_is_one_warning_line_and_the_server_serves_once_connections_close(run_dir):
+    """With its open-file limit too low for the connections, accepts fail: asyncio logged a
+    traceback for each, thousands a second; the head deadline frees the descriptors too."""
+    server = Server(run_dir, "--header-timeout", "1", open_files=64)
+    try:
+        slow = [slow_head(server.port) for _ in range(300)]  # past the limit: the rest wait in the backlog
+        time.sleep(2.5)
+        assert server.process.poll() is None
+        assert closed_by_server(slow[0], timeout=5).startswith(b"HTTP/1.1 408 ")
+        for connection in slow:
+            connection.close()
+        deadline = time.monotonic() + 15
+        while (status := server.translate(["a test ."])[0]) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status == 200
+    finally:
+        server.stop()
+    stderr = server.process.stderr.read().decode()
+    assert len(stderr) < 2000 and "Traceback" not in stderr, stderr
+    assert "cannot accept connections: [Errno 24] Too many open files" in stderr
 
 
 def test_a_full_queue_answers_503_then_sigterm_answers_every_queued_request(run_dir):

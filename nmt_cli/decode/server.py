@@ -5,11 +5,17 @@ Endpoints: nmt's own `POST /v1/translate`, LibreTranslate's `POST /translate` an
 its own queue and worker thread (`decode/batcher.py`); a handler validates the request,
 encodes its sentences off the event loop, queues them and awaits its future.
 
+Connections: each has --header-timeout to send a request's line and headers (then 408, closed);
+at most --max-connections are served, fitted under the open-file limit (raised to its hard limit
+at start), and a request beyond them gets 503; running out of descriptors anyway (a flood of
+connections faster than the deadline closes them) is one warning per REPEATED_WARNING_SECONDS.
+
 Status codes: 400 malformed body (not UTF-8, not JSON, or the client went away before
 sending all of it), 401/403 missing or wrong key (403 on the LibreTranslate endpoint, as
 LibreTranslate answers), 404 unknown model or language pair, 408 a body that stopped
-arriving, 413 over a size limit, 422 wrong types or values, 500 the batch's decoding
-failed, 503 (with Retry-After) the queue is full or the server is stopping.
+arriving (or a head that came too slowly), 413 over a size limit, 422 wrong types or values,
+500 the batch's decoding failed, 503 (with Retry-After) the queue is full or the server is
+stopping (uvicorn's own, without it: over --max-connections).
 """
 
 from __future__ import annotations
@@ -54,6 +60,15 @@ BODY_STALL_SECONDS = 10.0
 # Body bytes per character at the most: a character beyond U+FFFF escaped in JSON as a
 # surrogate pair (\ud83d\ude00) takes 12.
 BODY_BYTES_PER_CHARACTER = 12
+# A warning that can recur thousands of times a second (an accept failing for want of
+# descriptors, a request over --max-connections) is said at most once per this many seconds.
+REPEATED_WARNING_SECONDS = 10.0
+# The open-file limit is raised toward its hard limit, but no further than this: each
+# connection beyond it would only cost memory.
+MOST_DESCRIPTORS = 65536
+# Sent (raw: no request was parsed to answer through h11) to a connection whose head is late.
+HEAD_TIMEOUT_RESPONSE = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                         b"content-length: 37\r\nconnection: close\r\n\r\nthe request's headers came too slowly")
 _log = logging.getLogger("nmt_cli.serve")
 # Beyond these an output is as long as the model's positions allow anyway; larger values
 # only risk overflowing the length arithmetic.
@@ -522,8 +537,16 @@ def serve(cfg: ServeConfig, announce: Callable[[str], None]) -> None:
     app = build_app(Service(cfg, models, metrics, api_key), stop_batchers)
     names = ", ".join(f"{m.name} ({m.pair[0]}->{m.pair[1]})" for m in models.values())
     announce(f"serving {names} on http://{host}:{port}")
-    server = draining_server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None),
-                             stop_waiting)
+    bound = max_connections(cfg.max_connections, raise_descriptor_limit())
+    # h11, not "auto" (httptools where installed): the head deadline reads h11's parser state,
+    # and parsing speed is nothing next to decoding. uvicorn refuses a request with 503 once the
+    # open connections, the asking one counted, reach limit_concurrency.
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=None,
+                            http=head_deadline_protocol(cfg.header_timeout),
+                            limit_concurrency=None if bound is None else bound + 1)
+    logging.getLogger("uvicorn.error").addFilter(ThrottledWarning("Exceeded concurrency limit.",
+                                                                  "request(s) over --max-connections answered 503"))
+    server = draining_server(config, stop_waiting)
     try:
         server.run(sockets=listeners)
     finally:
@@ -539,12 +562,159 @@ def draining_server(config: Any, stop_waiting: Callable[[], None]) -> Any:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        async def serve(self, sockets: Any = None) -> None:
+            asyncio.get_running_loop().set_exception_handler(accept_error_handler())
+            await super().serve(sockets=sockets)
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
             # From a thread: the signal may arrive while the event loop's thread holds a batcher's lock.
             threading.Thread(target=stop_waiting, name="nmt-stop-waiting", daemon=True).start()
 
     return DrainingServer(config)
+
+
+def head_deadline_protocol(header_timeout: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request line and headers have not all
+    come within `header_timeout` of its connecting or of its previous response (a 408 first
+    where no request is under way). uvicorn's own keep-alive timeout stops at the first byte,
+    so without this a client sending a header line now and then holds its connection forever."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadlineProtocol(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.await_head()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.conn.their_state is not h11.IDLE:  # the head came (or was refused): no deadline for it now
+                self.cancel_head_timer()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.conn.their_state is h11.IDLE:  # keep-alive: the next request's head has its own deadline
+                self.await_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.cancel_head_timer()
+            super().connection_lost(exc)
+
+        def await_head(self) -> None:
+            self.cancel_head_timer()
+            if not self.transport.is_closing():
+                self.head_timer = self.loop.call_later(header_timeout, self.head_overdue)
+
+        def cancel_head_timer(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def head_overdue(self) -> None:
+            self.head_timer = None
+            if self.transport.is_closing():
+                return
+            if self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:  # no response begun
+                self.transport.write(HEAD_TIMEOUT_RESPONSE)
+            self.transport.close()
+
+    return HeadDeadlineProtocol
+
+
+def raise_descriptor_limit() -> int | None:
+    """The soft limit on open descriptors, first raised to the hard one (at most MOST_DESCRIPTORS),
+    as nginx and others do: each connection holds a descriptor. None where there is no such
+    limit to read (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = MOST_DESCRIPTORS if hard == resource.RLIM_INFINITY else min(hard, MOST_DESCRIPTORS)
+    if soft == resource.RLIM_INFINITY:
+        return MOST_DESCRIPTORS
+    if soft < wanted:
+        with contextlib.suppress(ValueError, OSError):  # macOS refuses more than kern.maxfilesperproc
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    return soft
+
+
+def max_connections(asked: int | None, descriptor_limit: int | None) -> int | None:
+    """The connections to serve at most: --max-connections, or what the descriptors not yet open
+    allow, less a tenth kept free: a connection over the bound holds one until its 503 is sent,
+    and the server opens a few more files and sockets as it runs."""
+    if descriptor_limit is None:
+        return asked
+    try:
+        already_open = len(os.listdir("/dev/fd"))
+    except OSError:
+        already_open = 0
+    fits = max(1, (descriptor_limit - already_open) * 9 // 10)
+    if asked is not None and asked > fits:
+        raise NmtError(f"--max-connections {asked} does not fit under the open-file limit ({descriptor_limit}, "
+                       f"ulimit -n): at most {fits}")
+    return fits if asked is None else asked
+
+
+class Throttle:
+    """Counts a recurring event and says when to report it: at most once per REPEATED_WARNING_SECONDS."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.reported = -float("inf")
+
+    def due(self) -> int | None:
+        """None, or how many times the event came since the last report (this one included)."""
+        self.count += 1
+        now = time.monotonic()
+        if now - self.reported < REPEATED_WARNING_SECONDS:
+            return None
+        count, self.count, self.reported = self.count, 0, now
+        return count
+
+
+class ThrottledWarning(logging.Filter):
+    """A log filter letting a recurring message through once per REPEATED_WARNING_SECONDS, with a count."""
+
+    def __init__(self, message: str, counted: str) -> None:
+        super().__init__()
+        self.message, self.counted, self.throttle = message, counted, Throttle()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != self.message:
+            return True
+        count = self.throttle.due()
+        if count is None:
+            return False
+        record.msg, record.args = f"{count} {self.counted} (said at most once per {REPEATED_WARNING_SECONDS:g} s)", ()
+        return True
+
+
+def accept_error_handler() -> Callable[[asyncio.AbstractEventLoop, dict[str, Any]], None]:
+    """An event loop exception handler saying "out of descriptors" once per REPEATED_WARNING_SECONDS:
+    asyncio logs a traceback for each accept that fails so, thousands a second (it retries
+    each second, and the waiting connections stay in the listen backlog until then)."""
+    throttle = Throttle()
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        message, error = context.get("message", ""), context.get("exception")
+        if "._start_serving(" in message and isinstance(error, ValueError) and "file descriptor" in str(error):
+            # Each failed accept also scheduled a retry of its own (CPython gh-151615); those
+            # still due when shutdown closes the listener find no descriptor: nothing is wrong.
+            return
+        if message != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        count = throttle.due()
+        if count is not None:
+            _log.warning("cannot accept connections: %s (%d time(s); said at most once per %g s); they wait "
+                         "until open ones close", context.get("exception"), count, REPEATED_WARNING_SECONDS)
+
+    return handle
 
 
 def resolve(host: str, port: int, shown: str) -> list[tuple]:
