@@ -427,3 +427,20 @@ def test_text_pipeline_with_subword_nmt_codes_and_escaping(tmp_path: Path) -> No
     # Moses splits "&" off and escapes it to "&amp;"; no codes merge its characters.
     assert pipeline.encode("a&b") == ["a", "&@@", "a@@", "m@@", "p@@", ";", "b"]
     assert pipeline.decode(pipeline.encode('low lower, "a" & b.')) == 'low lower, "a" & b.'
+
+
+def test_the_subword_nmt_cache_stays_bounded_and_segments_as_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream of distinct words (names, numbers) fills the word cache up to its bound, no
+    further, and every word is segmented as apply_merges alone segments it."""
+    from nmt_cli.text import subword_nmt
+    from nmt_cli.text.subword_nmt import SubwordNmtBpe, apply_merges
+
+    monkeypatch.setattr(subword_nmt, "CACHED_WORDS", 50)
+    bpe = SubwordNmtBpe.from_text("#version: 0.2\nl o\nlo w</w>\n1 2\n", "bpe.codes")
+    words = [f"low{n}" for n in range(400)] + ["lower", "low", "12", "low"] * 30
+    largest = 0
+    for word in words:
+        assert bpe.segment_word(word) == apply_merges(word, bpe.merge_ranks, bpe.version)
+        largest = max(largest, len(bpe._cache))
+    assert largest == 50
+    assert bpe.encode("low lower 121") == ["low", "lo@@", "w@@", "e@@", "r", "12@@", "1"]

@@ -26,6 +26,9 @@ from nmt_cli.errors import NmtError, where
 
 END_OF_WORD = "</w>"
 DEFAULT_SEPARATOR = "@@"
+# Words whose segmentation is kept: text's frequent words fit many times over, while a
+# stream of distinct words (names, numbers, noise) would otherwise grow the cache without end.
+CACHED_WORDS = 2**16
 
 
 @dataclass
@@ -35,7 +38,7 @@ class SubwordNmtBpe:
     merge_ranks: dict[tuple[str, str], int]
     version: tuple[int, int] = (0, 2)
     separator: str = DEFAULT_SEPARATOR
-    # Segmentations of words already seen (text repeats words a lot).
+    # Segmentations of words already seen (text repeats words a lot), up to CACHED_WORDS.
     _cache: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -71,6 +74,8 @@ class SubwordNmtBpe:
         cached = self._cache.get(word)
         if cached is None:
             cached = apply_merges(word, self.merge_ranks, self.version)
+            if len(self._cache) >= CACHED_WORDS:
+                self._cache.clear()  # simpler and no slower than an LRU: frequent words come back at once
             self._cache[word] = cached
         return cached
 
