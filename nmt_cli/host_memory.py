@@ -55,6 +55,23 @@ def release_freed_memory() -> bool:
     return True
 
 
+# Entries kept by each of oneDNN's two caches of compiled kernels: its primitive cache and
+# ideep's (torch's oneDNN wrapper) computation cache. Both are keyed by the product's shape,
+# and decoding's row counts (a batch's tokens, its sentences x beam) take thousands of
+# values: at their default of 1024 entries each they hold some 400 MB once full. A batch's
+# steps reuse a handful of shapes, which this many entries keep.
+ONEDNN_CACHE_ENTRIES = 256
+
+
+def bound_onednn_caches(entries: int = ONEDNN_CACHE_ENTRIES) -> None:
+    """Cap oneDNN's kernel caches at `entries` each, unless the environment already sets them.
+
+    Both read their capacity from the environment once, when first used: this must run
+    before the process's first oneDNN product (the packing of a model's weights is one)."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(entries))
+
+
 def physical_memory_bytes() -> int | None:
     """The machine's physical memory in bytes, or None where the system does not say
     (no os.sysconf on Windows, names unknown to some systems, -1 when undetermined)."""

@@ -253,6 +253,34 @@ def test_output_order_does_not_depend_on_batching(run_dir):
     assert len(together.stdout.splitlines()) == 40
 
 
+def test_a_long_input_gives_freed_memory_back_every_so_many_lines(run_dir, monkeypatch):
+    """Batches of other shapes fragment the heap that keep_freed_memory keeps: translate trims
+    it every RELEASE_MEMORY_EVERY lines, so its memory does not grow with the input's length."""
+    from nmt_cli.decode import streaming
+
+    written, lines_at_release = [], []
+    monkeypatch.setattr(streaming, "RELEASE_MEMORY_EVERY", 3)
+    monkeypatch.setattr(streaming, "write_output", lambda sink, data, path: written.append(data))
+    monkeypatch.setattr(streaming, "release_freed_memory", lambda: lines_at_release.append(b"".join(written).count(b"\n")))
+    text = "\n".join(generated_sentences(10, seed=3)) + "\n"
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--buffer-size", "2", input=text)
+    assert result.exit_code == 0, result.stderr
+    assert lines_at_release == [4, 8]  # after the first chunks with 3 lines or more since the last release
+
+
+def test_translate_bounds_onednns_kernel_caches_unless_the_environment_does(run_dir, monkeypatch):
+    """oneDNN caches a kernel per product shape, 1024 of each cache's by default (some 400 MB
+    once decoding's many batch shapes fill them): translate caps them before the model loads,
+    and leaves a value the user set."""
+    from nmt_cli.host_memory import ONEDNN_CACHE_ENTRIES
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    assert nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, input="the red ball .\n").exit_code == 0
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_ENTRIES)
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
+
+
 def test_a_writer_that_waits_for_each_translation_gets_it(run_dir):
     """A program that drives `nmt translate` through pipes writes a line and waits for its
     translation (as wrappers of fairseq-interactive do). With the default --buffer-size

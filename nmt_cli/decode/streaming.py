@@ -22,6 +22,13 @@ from pathlib import Path
 from nmt_cli.config import TranslateConfig, TranslateStreams
 from nmt_cli.data.meta import text_files
 from nmt_cli.files import opened, published_output, refuse_overwriting_inputs, write_output
+from nmt_cli.host_memory import release_freed_memory
+
+# Lines translated between two returns of freed memory to the system. Batches of other
+# shapes free and allocate blocks of other sizes; glibc's heap, which keep_freed_memory
+# lets keep what is freed, fragments and grows with the input's length unless trimmed.
+# A trim costs milliseconds; this many lines take seconds at least.
+RELEASE_MEMORY_EVERY = 2000
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,7 @@ def translate_stream(cfg: TranslateConfig, streams: TranslateStreams, warn: Call
         # the cyclic collector need not scan it in the full collections their objects cause.
         gc.freeze()
         stack.callback(gc.unfreeze)
-        started, lines_done = time.monotonic(), 0
+        started, lines_done, released_at = time.monotonic(), 0, 0
         advance = stack.enter_context(_progress(input_path, cfg.quiet))
         arriving = ArrivingInput(source)
         lines = read_lines(arriving, source_name, cfg.errors)
@@ -68,6 +75,9 @@ def translate_stream(cfg: TranslateConfig, streams: TranslateStreams, warn: Call
             write_output(sink, text.encode("utf-8"), output_path)
             advance(len(group))
             lines_done += len(group)
+            if lines_done - released_at >= RELEASE_MEMORY_EVERY:
+                release_freed_memory()
+                released_at = lines_done
             if read_error is not None:
                 raise read_error
     return StreamResult(lines_done, time.monotonic() - started)

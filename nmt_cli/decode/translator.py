@@ -32,7 +32,7 @@ from nmt_cli.decode.loading import (LoadedModels, TextSides, fairseq_interactive
                                    load_text_sides, text_directory)
 from nmt_cli.decode.search import Hypothesis, check_beam_fits, check_min_len_fits, generate, max_output_lengths
 from nmt_cli.errors import NmtError, where
-from nmt_cli.host_memory import keep_freed_memory
+from nmt_cli.host_memory import bound_onednn_caches, keep_freed_memory
 from nmt_cli.models.fast import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
@@ -42,11 +42,13 @@ DEFAULT_MAX_TOKENS = 4096
 def prepare_process(cfg: TranslateConfig) -> None:
     """The process settings translation runs under, in the main process and in each of
     --workers: torch's threads (one per process with workers, unless --threads says), the
-    C library's reuse of freed memory on a CPU, and the seed."""
+    C library's reuse of freed memory and oneDNN's bounded kernel caches on a CPU, and the
+    seed. Runs before the model is loaded (the caches' bound is read at their first use)."""
     if cfg.threads is not None or cfg.workers > 1:
         torch.set_num_threads(cfg.threads or 1)
     if torch.device(cfg.device).type == "cpu":
         keep_freed_memory()
+        bound_onednn_caches()
     torch.manual_seed(cfg.decode.seed)
 
 
