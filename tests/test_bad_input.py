@@ -271,6 +271,10 @@ CASES = [
          ws.file("in.txt", "w1\x00\n")], ("NUL byte", "in.txt:1")),
     Case("apply-bpe", "output is the input file", lambda ws: ["apply-bpe", "--model", ws.bpe_model(), "--input",
          ws.file("in.txt", "w1\n"), "--output", ws.root / "in.txt"], ("is the input", "in.txt")),
+    # A line of more than 2^20 characters (its pieces would cost some 45 times that) is refused, not cut.
+    Case("apply-bpe", "a line of more than 2^20 characters", lambda ws: ["apply-bpe", "--model", ws.bpe_model(),
+         "--input", ws.file("in.txt", "w1\n" + "w2 " * 350_000 + "\n")],
+         ("line of 1050000 characters, more than apply-bpe takes (1048576", "in.txt:2")),
     Case("apply-bpe", "full disk", lambda ws: ["apply-bpe", "--model", ws.bpe_model(), "--output", "/dev/full"],
          ("cannot write /dev/full", "No space left on device"), stdin=b"w1 w2\n" * 5000),
     # train
@@ -380,6 +384,9 @@ CASES = [
     # score
     Case("score", "NUL bytes in the hypotheses", lambda ws: score(ws, b"a b\nc d\n", b"a b\nc \x00 d\n"),
          ("hyp.txt:2",)),
+    # sacreBLEU's n-grams of a 2^20-character line would cost gigabytes: refused, not cut.
+    Case("score", "a hypothesis of more than 2^20 characters", lambda ws: score(ws, b"a b\nc d\n",
+         b"a b\n" + b"c " * 600_000 + b"\n"), ("line of 1199999 characters, more than score takes (1048576", "hyp.txt:2")),
     Case("score", "invalid UTF-8 in the reference", lambda ws: score(ws, b"a b\n\xc0\xaf\n", b"a b\nc d\n"),
          ("invalid UTF-8", "ref.txt:2")),
     Case("score", "a --tokenize that needs packages not installed", lambda ws: score(ws, b"a\n", b"a\n") + [

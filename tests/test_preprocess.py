@@ -338,3 +338,25 @@ def test_a_threshold_that_drops_every_word_is_refused(corpus: Path, joined: bool
                                        r"frequent is seen \d+ times in the training data$"):
         run(config(corpus, joined_dictionary=joined, **flags))
     assert not (corpus / "data-bin").exists()
+
+
+def test_a_side_too_long_for_any_tokenization_is_dropped_before_tokenizing(tmp_path: Path, monkeypatch) -> None:
+    """With --max-len 30 a side of more than 1000 x 30 characters is too long without being
+    tokenized (which costs many times its size); the reasons keep their order: a pair with an
+    empty other side is empty, a huge side of whitespace alone is empty."""
+    from nmt_cli.preprocess.clean import CHARS_PER_TOKEN
+
+    received = []
+    tokenize = Tokenizer.tokenize
+    monkeypatch.setattr(Tokenizer, "tokenize", lambda self, line: received.append(len(line)) or tokenize(self, line))
+    pairs = make_pairs(50)
+    huge = "Ein sehr langer Satz " * 10_000  # 210,000 characters
+    bad = [(huge, "Kurz ."), ("Short .", huge), (huge, huge), (huge, "   "), (" " * 200_000, "Nicht leer ."),
+           (" ".join(["w"] * 40), " ".join(["v"] * 40))]  # too long once tokenized, as before
+    write_split(tmp_path / "train", pairs[:10] + bad + pairs[10:])
+    write_split(tmp_path / "valid", pairs[:5])
+    write_split(tmp_path / "test", pairs[:5])
+    meta = run(config(tmp_path, max_len=30, bpe_size=100, workers=1)).meta
+    assert meta["cleaning"]["dropped"] == {"empty": 2, "too_short": 0, "too_long": 4, "ratio": 0}
+    assert meta["cleaning"]["pairs_kept"] == 50
+    assert max(n for n in received if n != 200_000) <= CHARS_PER_TOKEN * 30  # whitespace alone is tokenized

@@ -281,6 +281,27 @@ def test_translate_bounds_onednns_kernel_caches_unless_the_environment_does(run_
     assert os.environ["LRU_CACHE_CAPACITY"] == "7"
 
 
+def test_a_huge_line_is_cut_before_tokenizing_and_translates_as_its_start(run_dir, monkeypatch):
+    """The model reads MAX_SOURCE_POSITIONS tokens of a line at most: of a 300,000-character
+    line only CHARS_PER_POSITION characters per position reach the tokenizer (it costs many
+    times a line's size), with a warning, and the output is that of the line's start."""
+    from nmt_cli.decode.translator import CHARS_PER_POSITION
+    from nmt_cli.text.pipeline import TextPipeline
+
+    received = []
+    encode = TextPipeline.encode
+    monkeypatch.setattr(TextPipeline, "encode", lambda self, line: received.append(len(line)) or encode(self, line))
+    start = "the dog runs over green grass " * 10  # already more tokens than the model reads
+    ckpt = str(run_dir / "checkpoint_best.pt")
+    huge = nmt("--path", ckpt, *FAST, input="the red ball .\n" + start * 1000 + "\nschön\n")
+    assert huge.exit_code == 0, huge.stderr
+    assert max(received) <= CHARS_PER_POSITION * MAX_SOURCE_POSITIONS
+    assert "<stdin>:2: source line has 300000 characters; only its first" in huge.stderr
+    assert "<stdin>:2: source has" in huge.stderr and "truncated" in huge.stderr
+    short = nmt("--path", ckpt, *FAST, input="the red ball .\n" + start + "\nschön\n")
+    assert huge.stdout == short.stdout and len(huge.stdout.splitlines()) == 3
+
+
 def test_a_writer_that_waits_for_each_translation_gets_it(run_dir):
     """A program that drives `nmt translate` through pipes writes a line and waits for its
     translation (as wrappers of fairseq-interactive do). With the default --buffer-size

@@ -37,6 +37,10 @@ from nmt_cli.models.fast import packed
 
 # Source tokens per batch when neither --max-tokens nor --batch-size is given.
 DEFAULT_MAX_TOKENS = 4096
+# Characters of a source line read per source position of the model: far more than text
+# needs (a token is a few characters, a sentencepiece piece at most 16), so that only a line
+# the model could not read whole anyway is cut, before tokenizing it costs 35x its size.
+CHARS_PER_POSITION = 64
 
 
 def prepare_process(cfg: TranslateConfig) -> None:
@@ -104,6 +108,16 @@ def without_specials(ids: list[int], what: str, final_eos: bool, at: str) -> lis
             last = " but as its last token" if final_eos and special == EOS_ID else ""
             raise NmtError(f"{what} may not hold {SPECIALS[special]}{last} at {at}")  # SPECIALS: in id order
     return ids
+
+
+def cut_source_text(text: str, positions: int) -> str:
+    """`text` cut to CHARS_PER_POSITION x `positions` characters, at the last space within
+    them where there is one (a word cut in two would be segmented otherwise)."""
+    limit = CHARS_PER_POSITION * positions
+    if len(text) <= limit:
+        return text
+    space = text.rfind(" ", 0, limit + 1)
+    return text[:space] if space > 0 else text[:limit]
 
 
 def truncated_source(ids: list[int], limit: int) -> list[int]:
@@ -182,6 +196,11 @@ class Translator:
         if not line.text.strip():
             return None
         at = where(source_name, line.number)
+        text = cut_source_text(line.text, self.models.max_source_positions)
+        if len(text) < len(line.text):
+            self.warn(f"warning: {at}: source line has {len(line.text)} characters; only its first {len(text)} "
+                      f"are read ({CHARS_PER_POSITION} per position of the model's {self.models.max_source_positions})")
+            line = replace(line, text=text)
         if self.cfg.input_format == "raw":
             pieces = self.text.source.encode(line.text)
             ids = self.models.src_dict.encode(pieces, append_eos=False)

@@ -21,7 +21,7 @@ from typing import Any
 from nmt_cli.data.dictionary import UNK_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
 from nmt_cli.machine import workers_cannot_start
-from nmt_cli.preprocess.clean import REASONS, CleanSettings, drop_reason
+from nmt_cli.preprocess.clean import REASONS, CleanSettings, drop_reason, too_long_to_tokenize
 from nmt_cli.signals import workers_ignore_interrupts
 from nmt_cli.text.bpe import BpeModel
 from nmt_cli.text.reader import Chunk, read_lines
@@ -68,6 +68,10 @@ def tokenize_pairs(job: TokenizeJob) -> TokenizeResult:
     ) as tgt_out:
         for src_line, tgt_line in zip(src_lines, tgt_lines, strict=True):
             result.pairs_read += 1
+            if job.clean is not None and (too_long_to_tokenize(src_line, job.clean)
+                                          or too_long_to_tokenize(tgt_line, job.clean)):
+                result.dropped[_raw_drop_reason(src_line, tgt_line, src_tokenizer, tgt_tokenizer, job.clean)] += 1
+                continue
             src, tgt = src_tokenizer.tokenize(src_line), tgt_tokenizer.tokenize(tgt_line)
             if job.clean is not None:
                 reason = drop_reason(len(src.split()), len(tgt.split()), job.clean)
@@ -78,6 +82,18 @@ def tokenize_pairs(job: TokenizeJob) -> TokenizeResult:
             tgt_out.write(tgt + "\n")
             result.pairs_kept += 1
     return result
+
+
+def _raw_drop_reason(src_line: str, tgt_line: str, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer,
+                     clean: CleanSettings) -> str:
+    """drop_reason of a pair with a side too long to tokenize: that side counts as one token
+    over --max-len; the other is tokenized (an empty or too short side is the reason first)."""
+    over = clean.max_len + 1
+
+    def length(line: str, tokenizer: Tokenizer) -> int:
+        return over if too_long_to_tokenize(line, clean) else len(tokenizer.tokenize(line).split())
+
+    return drop_reason(length(src_line, src_tokenizer), length(tgt_line, tgt_tokenizer), clean)
 
 
 @dataclass(frozen=True)

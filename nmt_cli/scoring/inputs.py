@@ -21,6 +21,11 @@ JSONL_TEXT_FIELDS = ("hyp", "text")
 # Optional field: the 1-based input line a record translates; checked so that reordered or lost
 # records are an error rather than a silently misaligned score.
 JSONL_LINE_FIELD = "line"
+# The longest line scored, in characters: sacreBLEU's n-gram counts (and TER's edit
+# distance) of a line cost many times its size, gigabytes for a megabyte. No sentence
+# comes near this, a file whose line breaks were lost does. Refused, not cut: a score of
+# part of a line would not be the line's.
+MAX_LINE_CHARS = 2**20
 
 
 def display_name(path: str) -> str:
@@ -81,12 +86,21 @@ def read_hypotheses(path: str, hyp_format: str = "auto") -> list[str]:
     if is_jsonl:
         name = display_name(path)
         lines = [hypothesis_from_record(line, name, i) for i, line in enumerate(lines, start=1)]
-    return [line.rstrip() for line in lines]
+    return checked_lengths([line.rstrip() for line in lines], path)
 
 
 def read_references(path: str) -> list[str]:
     """Reference lines of a plain text file."""
-    return [line.rstrip() for line in read_text(path)]
+    return checked_lengths([line.rstrip() for line in read_text(path)], path)
+
+
+def checked_lengths(lines: list[str], path: str) -> list[str]:
+    """`lines`, or an error naming the first longer than MAX_LINE_CHARS."""
+    for number, line in enumerate(lines, start=1):
+        if len(line) > MAX_LINE_CHARS:
+            raise NmtError(f"line of {len(line)} characters, more than score takes ({MAX_LINE_CHARS}; are the "
+                           f"file's line breaks lost?) at {where(display_name(path), number)}")
+    return lines
 
 
 def check_same_length(named_streams: list[tuple[str, list[str]]]) -> None:
