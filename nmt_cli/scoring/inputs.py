@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nmt_cli.config import HYP_FORMATS
 from nmt_cli.errors import NmtError, where
-from nmt_cli.text.reader import check_readable, read_lines, read_stream
+from nmt_cli.text.reader import check_line_length, check_readable, read_lines, read_stream
 
 STDIN = "-"
 # Fields of an `nmt translate --output-format jsonl` record that hold the hypothesis, in order of preference.
@@ -21,11 +21,6 @@ JSONL_TEXT_FIELDS = ("hyp", "text")
 # Optional field: the 1-based input line a record translates; checked so that reordered or lost
 # records are an error rather than a silently misaligned score.
 JSONL_LINE_FIELD = "line"
-# The longest line scored, in characters: sacreBLEU's n-gram counts (and TER's edit
-# distance) of a line cost many times its size, gigabytes for a megabyte. No sentence
-# comes near this, a file whose line breaks were lost does. Refused, not cut: a score of
-# part of a line would not be the line's.
-MAX_LINE_CHARS = 2**20
 
 
 def display_name(path: str) -> str:
@@ -95,11 +90,10 @@ def read_references(path: str) -> list[str]:
 
 
 def checked_lengths(lines: list[str], path: str) -> list[str]:
-    """`lines`, or an error naming the first longer than MAX_LINE_CHARS."""
+    """`lines`, or an error naming the first too long to score (sacreBLEU's n-gram counts
+    and TER's edit distance of a line cost many times its size)."""
     for number, line in enumerate(lines, start=1):
-        if len(line) > MAX_LINE_CHARS:
-            raise NmtError(f"line of {len(line)} characters, more than score takes ({MAX_LINE_CHARS}; are the "
-                           f"file's line breaks lost?) at {where(display_name(path), number)}")
+        check_line_length(line, number, display_name(path), "score")
     return lines
 
 

@@ -10,15 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_cli.config import ApplyBpeConfig, LearnBpeConfig
-from nmt_cli.errors import NmtError, where
 from nmt_cli.files import make_parent_directory, published_output, refuse_overwriting_inputs, write_output
 from nmt_cli.text.bpe import BpeModel, learn_bpe
-from nmt_cli.text.reader import ArrivingInput, check_readable, read_lines, read_stream
-
-# The longest line apply-bpe takes, in characters. Its pieces cost some 45 times the line's
-# size; no sentence comes near this, a file whose line breaks were lost does. Refused rather
-# than cut or segmented in parts: either would be an output line unlike that of the line.
-MAX_LINE_CHARS = 2**20
+from nmt_cli.text.reader import ArrivingInput, check_line_length, check_readable, read_lines, read_stream
 
 
 @dataclass(frozen=True)
@@ -49,9 +43,7 @@ def apply_bpe_model(cfg: ApplyBpeConfig) -> None:
     name = "<stdin>" if input_path == "-" else input_path
     with published_output(output_path, "w") as out:
         for number, line in enumerate(lines, 1):
-            if len(line) > MAX_LINE_CHARS:
-                raise NmtError(f"line of {len(line)} characters, more than apply-bpe takes ({MAX_LINE_CHARS}; "
-                               f"are the file's line breaks lost?) at {where(name, number)}")
+            check_line_length(line, number, name, "apply-bpe")  # its pieces cost some 45 times its size
             # Pieces are separated by single spaces; a tab or a no-break space is a piece of its own.
             text = bpe.decode([p for p in line.split(" ") if p]) if cfg.decode else " ".join(bpe.encode(line))
             # Flushed for a terminal, or a writer waiting for this line before it sends the next.

@@ -27,8 +27,20 @@ import numpy as np
 from nmt_cli.errors import NmtError, where
 
 BOM = b"\xef\xbb\xbf"
+# The longest line, in characters, that the commands which can neither cut a line nor work
+# on it in parts take (apply-bpe, score: either would give a result unlike the line's). Their
+# work on a line costs tens of times its size, gigabytes for a megabyte; no sentence comes
+# near this, a file whose line breaks were lost does.
+LONGEST_LINE = 2**20
 _BLOCK = 1 << 24  # bytes per read when scanning for newlines
 _LINES_BLOCK = 1 << 20  # bytes per read in read_lines
+
+
+def check_line_length(line: str, number: int, name: str, command: str) -> None:
+    """NmtError naming `name`:`number` where `line` is longer than LONGEST_LINE."""
+    if len(line) > LONGEST_LINE:
+        raise NmtError(f"line of {len(line)} characters, more than {command} takes ({LONGEST_LINE}; are the "
+                       f"file's line breaks lost?) at {where(name, number)}")
 
 
 @dataclass(frozen=True)
