@@ -299,11 +299,11 @@ def keep_permissions(replaced: Path, new: Path) -> None:
     if os.stat(new).st_gid != old.st_gid:
         try:
             os.chown(new, -1, old.st_gid)
-        except PermissionError:
+        except OSError:  # not our group (EPERM), or a mount without Unix owners (EOPNOTSUPP, ENOSYS, ...)
             mode &= ~0o070  # our group is not the one those bits were meant for
     try:
         os.chmod(new, mode)
-    except PermissionError:
+    except OSError:
         pass  # a file system without Unix modes (vfat, some network mounts): they are the mount's
 
 

@@ -8,6 +8,7 @@ the shell's `>` or a directory by `mkdir` does.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
@@ -126,6 +127,22 @@ def test_a_group_that_cannot_be_kept_gets_no_group_bits(tmp_path: Path, monkeypa
     monkeypatch.setattr(os, "chown", refused)
     replace_atomically(target, lambda tmp: tmp.write_text("new\n"))
     assert mode(target) == 0o600
+
+
+@pytest.mark.parametrize("refusal", [errno.EOPNOTSUPP, errno.ENOSYS, errno.EPERM])
+def test_a_mount_that_keeps_no_unix_modes_still_has_its_file_replaced(tmp_path: Path, monkeypatch, refusal) -> None:
+    """Some network and FUSE mounts refuse chmod and chown outright: the output is replaced
+    all the same, with the mode the mount gives it."""
+    target = existing_file(tmp_path / "model.bin", 0o640)
+    os.chown(target, -1, OTHER_GID)
+
+    def refused(*args, **kwargs):
+        raise OSError(refusal, os.strerror(refusal))
+
+    monkeypatch.setattr(os, "chown", refused)
+    monkeypatch.setattr(os, "chmod", refused)
+    replace_atomically(target, lambda tmp: tmp.write_text("new\n"))
+    assert target.read_text() == "new\n"
 
 
 def test_a_replaced_directory_keeps_its_mode_as_cp_into_it_leaves_it(tmp_path: Path) -> None:
