@@ -577,17 +577,22 @@ def draining_server(config: Any, stop_waiting: Callable[[], None]) -> Any:
 def head_deadline_protocol(header_timeout: float) -> type:
     """uvicorn's h11 protocol, closing a connection whose request line and headers have not all
     come within `header_timeout` of its connecting or of its previous response (a 408 first
-    where no request is under way). uvicorn's own keep-alive timeout stops at the first byte,
+    where a head has begun and no response is under way). uvicorn's own keep-alive timeout stops at the first byte,
     so without this a client sending a header line now and then holds its connection forever."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class HeadDeadlineProtocol(H11Protocol):
         head_timer: asyncio.TimerHandle | None = None
+        head_begun = False  # bytes of a request's head came since connecting or the last response
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self.await_head()
+
+        def data_received(self, data: bytes) -> None:
+            self.head_begun = True
+            super().data_received(data)
 
         def handle_events(self) -> None:
             super().handle_events()
@@ -605,6 +610,7 @@ def head_deadline_protocol(header_timeout: float) -> type:
 
         def await_head(self) -> None:
             self.cancel_head_timer()
+            self.head_begun = False
             if not self.transport.is_closing():
                 self.head_timer = self.loop.call_later(header_timeout, self.head_overdue)
 
@@ -617,7 +623,9 @@ def head_deadline_protocol(header_timeout: float) -> type:
             self.head_timer = None
             if self.transport.is_closing():
                 return
-            if self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:  # no response begun
+            # A 408 only to a client that began a head and has no response under way: one idle
+            # between requests might take it for the answer to the next request it sends.
+            if self.head_begun and self.conn.our_state is h11.IDLE and self.conn.their_state is h11.IDLE:
                 self.transport.write(HEAD_TIMEOUT_RESPONSE)
             self.transport.close()
 
