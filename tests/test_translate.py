@@ -13,6 +13,7 @@ import gc
 import json
 import os
 import random
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -296,10 +297,19 @@ def test_a_huge_line_is_cut_before_tokenizing_and_translates_as_its_start(run_di
     huge = nmt("--path", ckpt, *FAST, input="the red ball .\n" + start * 1000 + "\nschön\n")
     assert huge.exit_code == 0, huge.stderr
     assert max(received) <= CHARS_PER_POSITION * MAX_SOURCE_POSITIONS
-    assert "<stdin>:2: source line has 300000 characters; only its first" in huge.stderr
-    assert "<stdin>:2: source has" in huge.stderr and "truncated" in huge.stderr
+    [warning] = [line for line in huge.stderr.splitlines() if line.startswith("warning: <stdin>:2:")]  # one
+    assert re.fullmatch(r"warning: <stdin>:2: source has \d+ tokens \(with </s>\) in its first \d+ of 300000 "
+                        r"characters; truncated to the model's maximum of \d+", warning), warning
     short = nmt("--path", ckpt, *FAST, input="the red ball .\n" + start + "\nschön\n")
     assert huge.stdout == short.stdout and len(huge.stdout.splitlines()) == 3
+    # Pieces of 100 characters: the cut leaves fewer than the model's positions, so only the cut is said.
+    pieces = " ".join(["x" * 100] * 30)
+    long_pieces = nmt("--path", ckpt, *FAST, "--input-format", "bpe", input=pieces + "\n")
+    assert long_pieces.exit_code == 0 and len(long_pieces.stdout.splitlines()) == 1
+    cut = len(" ".join(["x" * 100] * (CHARS_PER_POSITION * MAX_SOURCE_POSITIONS // 101)))
+    assert long_pieces.stderr.splitlines() == [
+        f"warning: <stdin>:1: source line has 3029 characters; only its first {cut} are read "
+        f"({CHARS_PER_POSITION} per position of the model's {MAX_SOURCE_POSITIONS})"], long_pieces.stderr
 
 
 def test_a_writer_that_waits_for_each_translation_gets_it(run_dir):

@@ -197,10 +197,8 @@ class Translator:
             return None
         at = where(source_name, line.number)
         text = cut_source_text(line.text, self.models.max_source_positions)
-        if len(text) < len(line.text):
-            self.warn(f"warning: {at}: source line has {len(line.text)} characters; only its first {len(text)} "
-                      f"are read ({CHARS_PER_POSITION} per position of the model's {self.models.max_source_positions})")
-            line = replace(line, text=text)
+        cut = (len(text), len(line.text)) if len(text) < len(line.text) else None
+        line = replace(line, text=text)
         if self.cfg.input_format == "raw":
             pieces = self.text.source.encode(line.text)
             ids = self.models.src_dict.encode(pieces, append_eos=False)
@@ -212,7 +210,7 @@ class Translator:
             pieces = self.models.src_dict.decode(ids)
         if not ids:  # ids of nothing but </s>: as a blank line
             return None
-        ids = self._fit(ids + [EOS_ID], line, source_name)
+        ids = self._fit(ids + [EOS_ID], at, cut)
         return pieces[: len(ids) - 1], ids
 
     def _parse_ids(self, line: InputLine, source_name: str) -> list[int]:
@@ -228,14 +226,18 @@ class Translator:
             )
         return ids
 
-    def _fit(self, ids: list[int], line: InputLine, source_name: str) -> list[int]:
+    def _fit(self, ids: list[int], at: str, cut: tuple[int, int] | None) -> list[int]:
+        """`ids` truncated to the model's positions, with one warning for the line at `at`;
+        `cut` (characters read, characters of the line) where cut_source_text cut its text."""
         limit = self.models.max_source_positions
         if len(ids) <= limit:
+            if cut is not None:
+                self.warn(f"warning: {at}: source line has {cut[1]} characters; only its first {cut[0]} are read "
+                          f"({CHARS_PER_POSITION} per position of the model's {limit})")
             return ids
-        self.warn(
-            f"warning: {where(source_name, line.number)}: source has {len(ids)} tokens "
-            f"(with </s>); truncated to the model's maximum of {limit}"
-        )
+        read = f" in its first {cut[0]} of {cut[1]} characters" if cut is not None else ""
+        self.warn(f"warning: {at}: source has {len(ids)} tokens (with </s>){read}; truncated to the model's "
+                  f"maximum of {limit}")
         return truncated_source(ids, limit)
 
     def translate(self, lines: list[InputLine], source_name: str) -> list[Translation]:
