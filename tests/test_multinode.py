@@ -306,20 +306,20 @@ def test_a_rank_waiting_for_rank_0_says_so_and_stops_at_ctrl_c_or_sigterm(tmp_pa
             assert rest == ("interrupted\n" if sig == signal.SIGINT else "terminated\n"), rest
 
 
-def test_ranks_waiting_for_a_missing_rank_say_which_and_stop_at_ctrl_c_or_sigterm(tmp_path: Path,
-                                                                                   data_bin: Path) -> None:
-    """Ranks 0 to 2 of four, rank 3 never started: torch's wait for it, in C++, took neither
+def test_ranks_waiting_for_missing_ranks_say_which_and_stop_at_ctrl_c_or_sigterm(tmp_path: Path,
+                                                                                 data_bin: Path) -> None:
+    """Ranks 0 to 2 of five, ranks 3 and 4 never started: torch's wait for them, in C++, took neither
     signal and said nothing; only SIGKILL ended them. A rank whose rank 0 stops says so in one line."""
     port = str(free_port())
-    launches = {rank: dict(WORLD_SIZE="4", RANK=str(rank), LOCAL_RANK="0", MASTER_PORT=port) for rank in range(3)}
+    launches = {rank: dict(WORLD_SIZE="5", RANK=str(rank), LOCAL_RANK="0", MASTER_PORT=port) for rank in range(3)}
     with waiting_ranks(tmp_path, data_bin, launches) as ranks:
         for rank, process in ranks.items():
             notice = process.stderr.readline()  # after WAIT_NOTICE_SECONDS
-            assert notice == f"rank {rank} of 4: waiting for ranks 3 to join (for up to 30 minutes)\n", notice
+            assert notice == f"rank {rank} of 5: waiting for ranks 3, 4 to join (for up to 30 minutes)\n", notice
         for rank, sig, code, said in ((2, signal.SIGTERM, 143, "terminated\n"),
                                       (0, signal.SIGINT, 130, "interrupted\n"),
-                                      (1, None, 1, f"error: rank 1 of 4: rank 0's store at MASTER_ADDR:MASTER_PORT "
-                                                   f"127.0.0.1:{port} closed while waiting for ranks 3 to join; "
+                                      (1, None, 1, f"error: rank 1 of 5: rank 0's store at MASTER_ADDR:MASTER_PORT "
+                                                   f"127.0.0.1:{port} closed while waiting for ranks 3, 4 to join; "
                                                    "did rank 0 stop?\n")):
             if sig is not None:
                 ranks[rank].send_signal(sig)

@@ -170,16 +170,16 @@ def wait_for_ranks(store: dist.Store, rank: int, world_size: int, timeout: timed
                 return
             waited = time.monotonic() - started
             if waited > timeout.total_seconds():
-                raise NmtError(f"rank {rank} of {world_size}: ranks {_listed(missing)} did not join at MASTER_ADDR:"
+                raise NmtError(f"rank {rank} of {world_size}: {_listed(missing)} did not join at MASTER_ADDR:"
                                f"MASTER_PORT within {waited / 60:.0f} minutes; are they running with the same "
                                "MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")
             if waited > WAIT_NOTICE_SECONDS and not noticed:  # a silent half hour would look like a hang
                 noticed = True
-                print(f"rank {rank} of {world_size}: waiting for ranks {_listed(missing)} to join "
+                print(f"rank {rank} of {world_size}: waiting for {_listed(missing)} to join "
                       "(for up to 30 minutes)", file=sys.stderr, flush=True)
             time.sleep(0.2)
     except dist.DistError:
-        waiting_for = f" while waiting for ranks {_listed(missing)} to join" if missing else ""
+        waiting_for = f" while waiting for {_listed(missing)} to join" if missing else ""
         raise NmtError(f"rank {rank} of {world_size}: rank 0's store at MASTER_ADDR:MASTER_PORT "
                        f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} closed{waiting_for}; "
                        "did rank 0 stop?") from None
@@ -202,7 +202,8 @@ def _native_stderr_silenced() -> Iterator[None]:
 
 
 def _listed(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
+    """"rank 3", "ranks 2, 3"."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _launch_error(error: dist.DistError, rank: int, world_size: int) -> NmtError:
