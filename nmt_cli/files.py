@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import shutil
 import stat
 import sys
 from collections.abc import Iterable, Iterator
@@ -15,7 +14,7 @@ from typing import IO
 
 from nmt_cli.errors import NmtError
 from nmt_cli.staging import check_file_name, published_on_success
-from nmt_cli.streams import closed_error
+from nmt_cli.streams import closed_error, write_failures_named
 
 
 def make_parent_directory(path: Path) -> None:
@@ -126,18 +125,13 @@ def write_output(sink: IO, data: bytes | str, output_path: str, flush: bool = Tr
     """Write `data` to an output opened by `published_output` (and flush it, so that a
     reader waiting for these lines gets them now); a full disk is one error line naming
     the output. A reader gone away (`| head`) stays BrokenPipeError: the CLI ends quietly."""
-    try:
+    with write_failures_named(output_path):
         if isinstance(sink, io.RawIOBase):  # stdout under `python -u` or PYTHONUNBUFFERED
             _write_all(sink, data)
         else:
             sink.write(data)
         if flush:
             sink.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as error:
-        name = "<stdout>" if output_path == "-" else output_path
-        raise NmtError(f"cannot write {name}: {error.strerror or error}") from None
 
 
 def _write_all(sink: io.RawIOBase, data: bytes) -> None:
@@ -224,10 +218,6 @@ def published_output(path: str, mode: str = "wb", flag: str = "--output") -> Ite
                 stream = open(tmp, "wb") if mode == "wb" else open(tmp, "w", encoding="utf-8", newline="\n")
             except OSError as error:
                 raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
-            try:
-                shutil.copymode(target, tmp)  # keep the permissions of the file replaced
-            except OSError:
-                pass  # none yet, or not ours to read: the new file keeps the default mode
             try:
                 yield stream
             except BaseException:

@@ -267,8 +267,7 @@ def published_on_success(target: Path) -> Iterator[Path]:
         start_private_file(tmp, target)
         yield tmp
         fsync_path(tmp)
-        keep_permissions(target, tmp)
-        os.replace(tmp, target)
+        replace_keeping_permissions(tmp, target)
     except BaseException:
         try:
             tmp.unlink(missing_ok=True)
@@ -284,6 +283,12 @@ def start_private_file(tmp: Path, target: Path) -> None:
     keeps the mode). Where `target` is new, the writer creates `tmp` with the umask's mode."""
     if os.path.exists(target):
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+
+
+def replace_keeping_permissions(new: Path, target: Path) -> None:
+    """Rename the file `new` over `target`, which keeps its permissions (`keep_permissions`)."""
+    keep_permissions(target, new)
+    os.replace(new, target)
 
 
 def keep_permissions(replaced: Path, new: Path) -> None:

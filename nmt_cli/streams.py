@@ -17,6 +17,8 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from nmt_cli.errors import NmtError
 
@@ -76,26 +78,29 @@ def guard_standard_streams() -> None:
             sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
 
 
+@contextmanager
+def write_failures_named(name: str) -> Iterator[None]:
+    """A write that fails within the block (a full disk) is one NmtError naming the output
+    `name` ("-": <stdout>); a reader gone away (`| head`) stays BrokenPipeError, which the
+    CLI ends quietly."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        raise NmtError(f"cannot write {'<stdout>' if name == '-' else name}: {error.strerror or error}") from None
+
+
 class _Stdout(io.TextIOWrapper):
-    """The process's stdout as `utf8_stdout` makes it: a failed write (a full disk) is
-    NmtError naming <stdout>, as `files.write_output` says it; a reader gone away
-    (`| head`) stays BrokenPipeError, which the CLI ends quietly."""
+    """The process's stdout as `utf8_stdout` makes it: its failed writes name <stdout>."""
 
     def write(self, text: str) -> int:
-        try:
+        with write_failures_named("-"):
             return super().write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise NmtError(f"cannot write <stdout>: {error.strerror or error}") from None
 
     def flush(self) -> None:
-        try:
+        with write_failures_named("-"):
             super().flush()
-        except BrokenPipeError:
-            raise
-        except OSError as error:
-            raise NmtError(f"cannot write <stdout>: {error.strerror or error}") from None
 
 
 def utf8_stdout() -> None:

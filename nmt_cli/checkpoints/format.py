@@ -160,7 +160,7 @@ def load_checkpoint_file(file: BinaryIO, path: str | os.PathLike) -> dict[str, A
 def load_checkpoint_bytes(data: bytes, path: str | os.PathLike) -> dict[str, Any]:
     """A checkpoint received as the bytes of the file `path` (e.g. from another rank),
     checked as `load_checkpoint` checks a file."""
-    return _load_and_check(io.BytesIO(data), Path(path), "cpu")
+    return load_checkpoint_file(io.BytesIO(data), path)
 
 
 def _load_and_check(source: Path | BinaryIO, path: Path, map_location: str | torch.device) -> dict[str, Any]:

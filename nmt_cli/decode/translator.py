@@ -197,8 +197,9 @@ class Translator:
             return None
         at = where(source_name, line.number)
         text = cut_source_text(line.text, self.models.max_source_positions)
-        cut = (len(text), len(line.text)) if len(text) < len(line.text) else None
-        line = replace(line, text=text)
+        cut = None
+        if len(text) < len(line.text):
+            cut, line = (len(text), len(line.text)), replace(line, text=text)
         if self.cfg.input_format == "raw":
             pieces = self.text.source.encode(line.text)
             ids = self.models.src_dict.encode(pieces, append_eos=False)

@@ -160,21 +160,26 @@ def wait_for_ranks(store: dist.Store, rank: int, world_size: int, timeout: timed
     started = time.monotonic()
     noticed = False
     missing: list[int] = []
+
+    def missing_ranks() -> list[int]:  # one request a key: only for the messages
+        with _native_stderr_silenced():
+            return [other for other, key in enumerate(keys) if not store.check([key])]
+
     try:
         with _native_stderr_silenced():
             store.set(keys[rank], "1")
         while True:
             with _native_stderr_silenced():
-                missing = [other for other, key in enumerate(keys) if not store.check([key])]
-            if not missing:
-                return
+                if store.check(keys):  # one request for all the keys, however many ranks poll
+                    return
             waited = time.monotonic() - started
             if waited > timeout.total_seconds():
+                missing = missing_ranks()
                 raise NmtError(f"rank {rank} of {world_size}: {_listed(missing)} did not join at MASTER_ADDR:"
                                f"MASTER_PORT within {waited / 60:.0f} minutes; are they running with the same "
                                "MASTER_ADDR, MASTER_PORT and WORLD_SIZE?")
             if waited > WAIT_NOTICE_SECONDS and not noticed:  # a silent half hour would look like a hang
-                noticed = True
+                noticed, missing = True, missing_ranks()
                 print(f"rank {rank} of {world_size}: waiting for {_listed(missing)} to join "
                       "(for up to 30 minutes)", file=sys.stderr, flush=True)
             time.sleep(0.2)

@@ -20,8 +20,8 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.meta import text_files
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
-from nmt_cli.staging import (fsync_directory, fsync_path, keep_permissions, replace_atomically, start_private_file,
-                             temp_sibling)
+from nmt_cli.staging import (fsync_directory, fsync_path, replace_atomically, replace_keeping_permissions,
+                             start_private_file, temp_sibling)
 
 # The journal of a save in progress: which complete temporary files become which checkpoints.
 PENDING_SAVE = ".checkpoint_save.json"
@@ -137,8 +137,7 @@ def finish_pending_save(save_dir: Path) -> None:
             raise NmtError(f"{journal_path} names a file outside the run directory")
         for tmp, name in pairs:
             if (save_dir / tmp).is_file():  # gone: renamed before the kill
-                keep_permissions(save_dir / name, save_dir / tmp)
-                os.replace(save_dir / tmp, save_dir / name)
+                replace_keeping_permissions(save_dir / tmp, save_dir / name)
         fsync_directory(save_dir)
         for name in deletions:
             (save_dir / name).unlink(missing_ok=True)
