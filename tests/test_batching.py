@@ -89,8 +89,8 @@ def test_filter_by_size_counts_skipped() -> None:
 
 
 def test_pair_longer_than_budget_is_an_error() -> None:
-    with pytest.raises(NmtError, match="--max-tokens"):
-        make_batches(np.array([3, 50]), np.array([3, 4]), max_tokens=20)
+    with pytest.raises(NmtError, match=r"^train pair 1 \(counting from 0.*\) has 50 tokens, which do not fit --max-tokens 20;"):
+        make_batches(np.array([3, 50, 4]), np.array([3, 4, 2]), max_tokens=20, split="train")
 
 
 @pytest.mark.parametrize("world_size,update_freq", [(1, 1), (2, 1), (2, 3), (3, 2)])

@@ -101,6 +101,7 @@ def make_batches(
     required_batch_size_multiple: int = 1,
     seed: int = 1,
     indices: np.ndarray | None = None,
+    split: str = "training",
 ) -> list[np.ndarray]:
     """Cut length-sorted pairs into batches (arrays of pair indices).
 
@@ -109,7 +110,8 @@ def make_batches(
     down to a multiple of `required_batch_size_multiple` when larger than it (the
     remainder starts the next batch). `indices` restricts the plan to those pairs
     (e.g. the output of `filter_by_size`); default: all pairs. The batches are views of
-    one int32 array (int64 from 2**31 pairs on).
+    one int32 array (int64 from 2**31 pairs on). `split` names the pairs in the error of
+    one too long for `max_tokens`.
     """
     if max_tokens is None and max_sentences is None:
         raise NmtError("set --max-tokens or --batch-size (or both)")
@@ -129,7 +131,8 @@ def make_batches(
         for i, length in enumerate(num_tokens, start=first):
             if length > max_tokens:
                 raise NmtError(
-                    f"a pair of {length} tokens does not fit --max-tokens {max_tokens}; raise --max-tokens "
+                    f"{split} pair {int(order[i])} (counting from 0, as fairseq's sentence ids do) has {length} "
+                    f"tokens, which do not fit --max-tokens {max_tokens}; raise --max-tokens "
                     "or lower --max-source-positions/--max-target-positions"
                 )
             # Close the open batch at a multiple of `multiple`; the rest carries over, and

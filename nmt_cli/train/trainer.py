@@ -273,7 +273,7 @@ class Trainer:
         if len(kept) == 0:
             raise NmtError(f"{name} split of {self.data.path} has no usable pairs")
         batches = make_batches(split.src_sizes, split.tgt_sizes, cfg.max_tokens_in_use, cfg.batch_size,
-                               cfg.required_batch_size_multiple, shuffle_seed, kept)
+                               cfg.required_batch_size_multiple, shuffle_seed, kept, split=name)
         self.reporter.info(f"{name}: {len(kept)} pairs in {len(batches)} batches")
         return batches
 
