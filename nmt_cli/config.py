@@ -1436,7 +1436,7 @@ class TrainConfig:
     keep_best_checkpoints: int = option(
         "--keep-best-checkpoints", default=-1, type=int,
         help="Also keep the N best checkpoints by --best-checkpoint-metric, named with their score as fairseq "
-             "names them (checkpoint.best_bleu_27.31.pt); the rest are removed (-1: none written).")
+             "0.10 names them (checkpoint.best_bleu_27.31.pt); the rest are removed (-1: none written).")
     reset_optimizer: bool = flag_option("--reset-optimizer",
                                         help="When resuming: keep weights and progress, start a fresh optimizer state.")
     reset_run: bool = flag_option(
@@ -1660,7 +1660,7 @@ class ServeConfig:
 
     paths: tuple[str, ...] = option(
         "--path", required=True, multiple=True, metavar="[NAME=]CKPT_OR_RUN", to_value=tuple,
-        help="A checkpoint or run directory to serve (its checkpoint_best.pt), or with --engine ctranslate2 an "
+        help="A checkpoint or run directory to serve (its checkpoint_best.pt, else checkpoint_last.pt), or with --engine ctranslate2 an "
              "export directory; repeat for several models. "
              "Requests pick one by NAME [default name: SRC-TGT, e.g. en-de].")
     host: str = option("--host", default="127.0.0.1", show_default=True,

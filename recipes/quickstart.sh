@@ -105,12 +105,13 @@ fi
 say "score (Multi30k test2016, En->De)"
 nmt score --ref "$RAW/test.de" --hyp "$HYP"
 
-# The learning curves, when the plot extra is installed; otherwise the command that draws them.
+# The learning curves; when they cannot be drawn, plot's reason (the extra to install, or no
+# training log yet: a run shorter than its --log-interval) and the command that draws them.
 CURVES=$WORK/curves.png
 if nmt plot "$RUN" -o "$CURVES" 2>"$WORK/plot.err"; then
     curves="$CURVES"
 else
-    curves="not drawn ($(tail -n 1 "$WORK/plot.err")); to draw them: pip install 'nmt-cli[plot]' && nmt plot $RUN -o $CURVES"
+    curves="not drawn ($(tail -n 1 "$WORK/plot.err")); to draw them: nmt plot $RUN -o $CURVES"
 fi
 cat >&2 <<EOF
 
