@@ -8,18 +8,19 @@ becomes one `error: ...` line on stderr and exit status 1.
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import click
 
 from nmt_cli import __version__
 from nmt_cli.errors import NmtError, one_line
-from nmt_cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, terminate_by_exception
+from nmt_cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, import_torch, signals_held, terminate_by_exception
 from nmt_cli.streams import guard_standard_streams, utf8_stdout
 
 # name -> (module under nmt_cli.commands, one-line help shown by `nmt --help`)
@@ -41,6 +42,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "Serve models over HTTP (nmt's JSON API and LibreTranslate's) with dynamic batching."),
 }
 
+# The commands that load torch: it is imported before they run (once their options are
+# parsed, so that --help stays quick), with Ctrl-C and SIGTERM held (signals.import_torch).
+LOADS_TORCH = frozenset({"info", "train", "translate", "generate", "average", "import-fairseq", "import-marian",
+                         "export", "serve"})
+
 # OS errors that report the state of the machine (disk full, read-only, no permission)
 # or a path given that cannot name a file (too long, a loop of links, a file as a directory).
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM,
@@ -56,8 +62,12 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS or not _module_exists(COMMANDS[name][0]):
             return None
-        module = importlib.import_module(f"nmt_cli.commands.{COMMANDS[name][0]}")
-        return getattr(module, name.replace("-", "_"))
+        with signals_held():  # some command modules load torch (see LOADS_TORCH)
+            module = importlib.import_module(f"nmt_cli.commands.{COMMANDS[name][0]}")
+        command = getattr(module, name.replace("-", "_"))
+        if name in LOADS_TORCH and not hasattr(command.callback, "imports_torch_first"):
+            command.callback = _importing_torch_first(command.callback)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
@@ -83,6 +93,16 @@ class LazyGroup(click.Group):
             sys.exit(1)
         with _one_error_line():  # within click's main, which would turn Ctrl-C into "Aborted!"
             return super().invoke(ctx)
+
+
+def _importing_torch_first(callback: Callable) -> Callable:
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        import_torch()
+        return callback(*args, **kwargs)
+
+    run.imports_torch_first = True
+    return run
 
 
 def _report(message: str) -> None:

@@ -8,11 +8,17 @@ takes them for an input error.
 
 Ctrl-C reaches every process of the terminal's process group; worker processes leave
 it to the main process, which stops them (see `workers_ignore_interrupts`).
+
+torch is imported with both signals held (`signals_held`, `import_torch`): its C start-up
+imports numpy and drops an exception raised within, so a Ctrl-C or SIGTERM in that second
+would be lost, and a command (a server) would run on.
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,3 +64,25 @@ def workers_ignore_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held within the block; one that came meanwhile is delivered at
+    its end (KeyboardInterrupt, Terminated). In the main thread, which alone runs
+    Python's signal handlers; elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def import_torch() -> None:
+    """Import torch with SIGINT and SIGTERM held until it is loaded."""
+    if "torch" not in sys.modules:
+        with signals_held():
+            importlib.import_module("torch")

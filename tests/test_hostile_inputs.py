@@ -594,3 +594,31 @@ def test_resume_with_a_damaged_train_log(shared, tmp_path):
     log.write_bytes(records[:2] + b"\xff" + records[3:])
     result = nmt(["train", shared["data_bin"], "--save-dir", save, *TINY_TRAIN, "--max-update", "2"])
     assert_one_error(result.exit_code, result.stderr, "invalid UTF-8", "train_log.jsonl:1")
+
+
+TRIP_DURING_TORCH_IMPORT = """
+import os, signal, sys
+class Trip:
+    # Sends the signal while torch's C start-up imports numpy, which drops an exception raised there.
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" and "torch" in sys.modules and "numpy" not in sys.modules:
+            sys.meta_path.remove(self)
+            print("signal sent", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), {signum})
+        return None
+sys.meta_path.insert(0, Trip())
+from nmt_cli.cli import main
+main({args!r})
+"""
+
+
+# info's module loads torch; average's command does, once its options are parsed.
+@pytest.mark.parametrize("args", [["info", "--arch", "transformer_tiny"], ["average", "--inputs", "missing.pt", "--output", "out.pt"]])
+@pytest.mark.parametrize("signum, status, line", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_while_torch_loads_stops_the_command(tmp_path, args, signum, status, line):
+    """Not lost in torch's start-up: a server started then would have run on, deaf to Ctrl-C."""
+    script = TRIP_DURING_TORCH_IMPORT.format(signum=int(signum), args=args)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path,
+                            env=SUBPROCESS_ENV, capture_output=True, text=True, timeout=120)
+    assert result.stderr.strip().splitlines() == ["signal sent", line], result.stderr
+    assert result.returncode == status and result.stdout == ""
