@@ -4,7 +4,8 @@ A run that is killed half-way leaves only a hidden sibling: `.NAME.partial-PID` 
 killed while replacing an earlier output, `.NAME.old-PID`) for a directory, and for
 `nmt binarize`'s pair of files `.PREFIX.partial-PID.bin/.idx`; `.NAME.PID.tmp` for a
 file; never a destination that looks complete. The next run removes such leftovers
-once their process is gone. A NAME too long to leave room for what these add is cut
+once their process is gone, and puts an `.old-PID` back where its replacement never
+arrived (a run killed between `publish`'s two renames; an interrupted one puts it back itself). A NAME too long to leave room for what these add is cut
 (`hidden_stem`), so that any name the file system takes can be published.
 
 An output that replaces another keeps that one's permissions, as `cp` onto an existing
@@ -66,6 +67,7 @@ def check_destination(dest: Path, flag: str, print_id: str, force: bool, *,
     replaces it); otherwise NmtError, saying that it holds `others`: the output replaces
     the whole directory, so its files are only deleted when asked to.
     """
+    remove_dead_leftovers(Path(os.path.realpath(dest)))  # an output a killed run left renamed is back
     if dest.exists() and not dest.is_dir():
         raise NmtError(f"{flag} {dest} exists and is not a directory")
     if not dest.exists() or not any(dest.iterdir()) or force:
@@ -216,8 +218,14 @@ def publish(staging: Path, dest: Path) -> None:
     if os.path.lexists(dest):
         keep_permissions(dest, staging)
         old = dest.parent / f"{hidden_stem(dest)}{REPLACED}{os.getpid()}"
-        os.rename(dest, old)
-    os.rename(staging, dest)
+    try:
+        if old is not None:
+            os.rename(dest, old)
+        os.rename(staging, dest)
+    except BaseException:  # Ctrl-C, SIGTERM or an OS error between the two renames
+        if old is not None and not os.path.lexists(dest) and os.path.lexists(old):
+            os.rename(old, dest)
+        raise
     if stands_in_dest:
         os.chdir(dest)
     if old is not None:
@@ -225,10 +233,16 @@ def publish(staging: Path, dest: Path) -> None:
 
 
 def remove_dead_leftovers(dest: Path) -> None:
-    """Delete `.NAME.partial-PID` and `.NAME.old-PID` directories whose process no longer runs."""
+    """Delete `.NAME.partial-PID` and `.NAME.old-PID` directories whose process no longer runs;
+    but where `dest` is missing, an `.old-PID` directory is the output of a run killed between
+    the two renames of `publish`, and it goes back into place. (A link is what versions that
+    replaced a link to `dest` itself left: removed.)"""
     for marker in (PARTIAL, REPLACED):
         for path in leftovers_of_dead_processes(dest.parent, f"{hidden_stem(dest)}{marker}"):
-            remove_entry(path)
+            if marker == REPLACED and not os.path.lexists(dest) and not os.path.islink(path):
+                os.rename(path, dest)
+            else:
+                remove_entry(path)
 
 
 def remove_entry(path: Path, ignore_errors: bool = True) -> None:

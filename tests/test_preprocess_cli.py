@@ -276,6 +276,29 @@ def test_interrupted_binarize_leaves_no_partial_files(tmp_path: Path, monkeypatc
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_binarize_interrupted_while_it_publishes_leaves_the_new_pair_whole(tmp_path: Path, monkeypatch) -> None:
+    """Ctrl-C just after the new .bin replaced the old one (whose .idx is gone by then)."""
+    import nmt_cli.preprocess.binarize as binarize_module
+
+    dictionary, out, _ = binarize_workspace(tmp_path)
+    replace, interrupted = os.replace, []
+
+    def replace_then_interrupt(source, target):
+        replace(source, target)
+        if str(target).endswith(".bin") and not interrupted:
+            interrupted.append(target)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(binarize_module.os, "replace", replace_then_interrupt)
+    text = write(tmp_path / "text.txt", ["fine ok ok", "ok"])
+    result = nmt("binarize", "--dict", dictionary, "--input", text, "--output-prefix", out / "x")
+    assert result.exit_code == 130 and result.stderr == "interrupted\n" and interrupted, result.output
+    dataset = IndexedDataset(out / "x")
+    assert [dataset[i].tolist() for i in range(len(dataset))] == [Dictionary.load(dictionary).encode(line.split())
+                                                                  for line in ("fine ok ok", "ok")]
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt", "x.bin", "x.idx"]
+
+
 def test_binarize_writes_under_hidden_names_until_it_publishes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What a run killed half-way would leave: only hidden files, none that lists beside the outputs.
     (One worker: the patched encode runs in this process; the chunks of several are named after

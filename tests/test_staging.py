@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+import nmt_cli.staging as staging_module
 from nmt_cli.run_lock import lock_path_for
-from nmt_cli.staging import (HIDDEN_ROOM, PARTIAL, REPLACED, build_then_publish, hidden_stem, partial_sibling,
-                             remove_dead_leftovers, remove_stale_temp_files, temp_sibling)
+from nmt_cli.staging import (HIDDEN_ROOM, PARTIAL, REPLACED, build_then_publish, check_destination, hidden_stem,
+                             partial_sibling, remove_dead_leftovers, remove_stale_temp_files, temp_sibling)
 
 DEAD_PID = 2 ** 22 + 1  # above Linux's largest PID: no process has it
 
@@ -77,9 +80,10 @@ def test_leftovers_of_long_names_are_found(tmp_path: Path) -> None:
     temp.write_text("part\n")
     partial.mkdir()
     old.mkdir()
+    dest.mkdir()  # published: the old one is a leftover (without it, it would go back into place)
     remove_stale_temp_files(dest)
     remove_dead_leftovers(dest)
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [dest]
 
 
 def test_a_directory_of_the_longest_name_can_be_published(tmp_path: Path) -> None:
@@ -87,3 +91,31 @@ def test_a_directory_of_the_longest_name_can_be_published(tmp_path: Path) -> Non
     for text in ("first\n", "second\n"):  # made, then replaced
         build_then_publish(dest, writing(text), str)
         assert (dest / "out.txt").read_text() == text and list(tmp_path.iterdir()) == [dest]
+
+
+def test_an_interrupt_between_the_two_renames_of_a_publish_leaves_the_old_output(tmp_path: Path, monkeypatch) -> None:
+    dest = tmp_path / "out"
+    build_then_publish(dest, writing("old\n"), str)
+    real_rename = os.rename
+
+    def rename_then_interrupt(source, target):
+        real_rename(source, target)
+        if Path(target).name.startswith(f".out{REPLACED}"):  # the old output has just moved aside
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(staging_module.os, "rename", rename_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        build_then_publish(dest, writing("new\n"), str)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (dest / "out.txt").read_text() == "old\n"
+
+
+def test_the_old_output_of_a_run_killed_between_the_two_renames_goes_back_into_place(tmp_path: Path) -> None:
+    """As a run killed there leaves it: the old output renamed aside, the new one still staged."""
+    old, staged = tmp_path / f".out{REPLACED}{DEAD_PID}", tmp_path / f".out{PARTIAL}{DEAD_PID}"
+    old.mkdir()
+    (old / "id").write_text("the old output")
+    staged.mkdir()
+    dest = tmp_path / "out"
+    assert check_destination(dest, "OUT", "the old output", False, recorded=lambda d: (d / "id").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (dest / "id").read_text() == "the old output"

@@ -54,14 +54,24 @@ def _publish_pair(partial: Path, prefix: Path) -> None:
     sentences lie, so it is the record of a complete pair: the old one goes first and the
     new one comes last. A process killed in between leaves a .bin without its .idx, which
     readers take for a missing split (and the next binarize replaces), never a new .bin
-    read through an old .idx. Replaced files' permissions stay (see staging.keep_permissions)."""
+    read through an old .idx; one interrupted (Ctrl-C, SIGTERM) puts the new pair in place
+    before it stops. Replaced files' permissions stay (see staging.keep_permissions)."""
     for suffix in (".bin", ".idx"):
         keep_permissions(Path(f"{prefix}{suffix}"), Path(f"{partial}{suffix}"))
-    Path(f"{prefix}.idx").unlink(missing_ok=True)
-    fsync_directory(prefix.parent)
-    os.replace(f"{partial}.bin", f"{prefix}.bin")
-    fsync_directory(prefix.parent)
-    os.replace(f"{partial}.idx", f"{prefix}.idx")
+    try:
+        Path(f"{prefix}.idx").unlink(missing_ok=True)
+        fsync_directory(prefix.parent)
+        os.replace(f"{partial}.bin", f"{prefix}.bin")
+        fsync_directory(prefix.parent)
+        os.replace(f"{partial}.idx", f"{prefix}.idx")
+    except OSError:
+        raise
+    except BaseException:  # Ctrl-C or SIGTERM once the old .idx may be gone: the new pair goes into place
+        if not os.path.exists(f"{prefix}.idx"):
+            if os.path.exists(f"{partial}.bin"):
+                os.replace(f"{partial}.bin", f"{prefix}.bin")
+            os.replace(f"{partial}.idx", f"{prefix}.idx")
+        raise
     fsync_directory(prefix.parent)
 
 
