@@ -3,12 +3,15 @@
 Counts that start threads or processes (`--threads`, `--workers`) are bounded by the
 CPUs: beyond them nothing runs faster, and a huge count exhausts memory or process
 slots (OpenMP crashes starting 10^5 threads; a thousand workers each load a model).
+The worker processes themselves end with the process that started them (`exit_with_parent`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
+import time
 
 from nmt_cli.errors import NmtError
 
@@ -74,3 +77,54 @@ def workers_cannot_start(error: OSError, need: str = "") -> NmtError:
     reason = error.strerror or str(error)
     needs = f" ({need})" if need else ""
     return NmtError(f"cannot start the --workers processes: {reason}{needs}; --workers 1 works in this process alone")
+
+
+# How often a worker looks for its parent: a worker left behind ends within this time.
+PARENT_CHECK_SECONDS = 0.25
+
+
+def exit_with_parent(parent: int) -> None:
+    """In a worker process: end it at once, quietly, when its parent `parent` (the pid the
+    parent recorded when it started the worker) is gone.
+
+    A parent killed by SIGKILL (the OOM killer, `kill -9`) or by a signal it does not
+    handle (a lone SIGHUP) stops nothing, and its workers, reparented, would live on (a
+    pool's wait forever on queues whose write ends they hold themselves). A daemon thread
+    checks os.getppid(): a worker's parent pid changes to its new reaper's when the parent
+    dies, and never comes back. One system call every PARENT_CHECK_SECONDS costs nothing
+    measurable.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_SECONDS)
+        os._exit(1)  # no cleanup: the parent that would read the results is gone
+
+    threading.Thread(target=watch, name="nmt exit with parent", daemon=True).start()
+
+
+# What the resource tracker says when it removes a dead process's semaphores.
+_TRACKER_WARNINGS = "ignore:resource_tracker:UserWarning:multiprocessing.resource_tracker"
+
+
+def start_resource_tracker_quietly() -> None:
+    """Start multiprocessing's resource tracker, unless it runs already, with its warnings
+    about leftovers off.
+
+    A worker pool's queues lock with POSIX semaphores (files in /dev/shm), which the
+    tracker, a helper process, removes when the process that made them dies without doing
+    it. After a SIGKILL of the main process it does so once the workers have ended, and
+    warns of "leaked semaphore objects" on the user's terminal: nothing anyone need act on.
+    The tracker takes its warning filters from PYTHONWARNINGS when it starts.
+    """
+    from multiprocessing import resource_tracker
+
+    saved = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{saved},{_TRACKER_WARNINGS}" if saved else _TRACKER_WARNINGS
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = saved

@@ -5,7 +5,8 @@ offsets swapped), puts values of the wrong type into checkpoints and meta.json, 
 every command random option values, closes standard streams and sends SIGTERM and
 SIGINT at random points. Whatever it does, a command either succeeds (exit 0) or exits
 non-zero with exactly one error line on stderr and no Python traceback; a signal ends
-a command with 143 (SIGTERM) or 130 (SIGINT), one line, and no process left behind.
+a command with 143 (SIGTERM) or 130 (SIGINT), one line, and no process left behind;
+after a SIGKILL of the main process its workers end within seconds, saying nothing.
 
 Below the generated cases, each defect once found by hand has a named test of its own.
 """
@@ -405,6 +406,75 @@ def test_sigterm_stops_preprocess_and_its_workers(tmp_path):
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "terminated", stderr
     assert left == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raw.de", "raw.en"]  # no output, whole or partial
+
+
+def spawned_workers(pgid: int) -> list[int]:
+    """The live multiprocessing workers of a process group (not its resource tracker)."""
+    workers = []
+    for pid in group_members(pgid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.append(pid)
+        except OSError:
+            continue
+    return workers
+
+
+def kill_when_workers_run(args: list, workers: int, delay: float, log: Path) -> tuple[str, list[int]]:
+    """Start `nmt ARGS` in a process group of its own, wait until its `workers` worker
+    processes exist and `delay` seconds more, SIGKILL the main process alone (as the OOM
+    killer does), and give what reached stderr after the kill and the processes of the
+    group still alive 5 s later (any left are killed then)."""
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "nmt_cli", *map(str, args)], cwd=REPO, env=SUBPROCESS_ENV,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(spawned_workers(process.pid)) < workers:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.02)
+        time.sleep(delay)
+        process.kill()
+        process.wait()
+        before = log.stat().st_size
+        deadline = time.monotonic() + 5
+        while group_members(process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return log.read_bytes()[before:].decode(errors="replace"), group_members(process.pid)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # what a failing run left behind
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="--workers 2 needs two CPUs")
+@pytest.mark.parametrize("moment, delay", [("loading", 0.0), ("translating", 3.0)])
+def test_translate_workers_end_quietly_when_the_main_process_is_killed(shared, tmp_path, moment, delay):
+    # At once, the worker is still loading the model; 3 s on, it is translating its share.
+    source = tmp_path / "in.txt"
+    source.write_text("w1 w2 w3 w4 w5 w6\n" * 50_000, encoding="utf-8")
+    args = ["translate", "--path", shared["checkpoint"], "--device", "cpu", "--beam", "2", "--workers", "2",
+            "--quiet", "-i", source, "-o", tmp_path / "out.txt"]
+    after_kill, left = kill_when_workers_run(args, 1, delay, tmp_path / "stderr.txt")
+    assert after_kill == "", after_kill
+    assert left == []
+
+
+@pytest.mark.skipif(usable_cpus() < 2, reason="--workers 2 needs two CPUs")
+def test_preprocess_workers_end_quietly_when_the_main_process_is_killed(tmp_path):
+    lines = "".join(f"w{i % 7} w{i % 5} w{i % 3} w{i % 11}\n" for i in range(400_000))
+    (tmp_path / "raw.en").write_text(lines, encoding="utf-8")
+    (tmp_path / "raw.de").write_text(lines, encoding="utf-8")
+    args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "raw", "--destdir", tmp_path / "out",
+            "--joined-dictionary", "--bpe", "none", "--workers", "2"]
+    # Nothing after the kill: neither a worker nor the pool's resource tracker, which
+    # removes the pool's semaphores once the workers are gone, says anything.
+    after_kill, left = kill_when_workers_run(args, 2, 0.3, tmp_path / "stderr.txt")
+    assert after_kill == "", after_kill
+    assert left == []
 
 
 # --- the defects found by hand, one test each --------------------------------------------------------

@@ -594,6 +594,26 @@ def test_a_bad_checkpoint_with_workers_is_one_error_line(tmp_path):
     assert "broken.pt" in result.stderr
 
 
+def test_a_worker_gone_before_its_share_is_sent_is_one_error_line(run_dir, monkeypatch):
+    """Killed between two chunks (the OOM killer, say), a worker's pipe is broken when its
+    next share is sent: an error, not the quiet end of a `| head` whose reader went away."""
+    from nmt_cli.decode.workers import ParallelTranslator
+
+    use = ParallelTranslator.use
+
+    def use_then_kill(self, local):
+        use(self, local)
+        for process, _ in self.workers:
+            process.kill()
+            process.join()
+        return self
+
+    monkeypatch.setattr(ParallelTranslator, "use", use_then_kill)
+    result = nmt("--path", str(run_dir / "checkpoint_best.pt"), *FAST, "--workers", "2", input="the dog\nthe ball\n")
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr == "error: a translation worker stopped unexpectedly (exit code -9)\n", result.stderr
+
+
 def test_workers_the_machine_cannot_start_are_one_error_line(run_dir, monkeypatch):
     """No process slots left (fork's EAGAIN): one line that says so, not a traceback."""
     import multiprocessing.context

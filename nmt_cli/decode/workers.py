@@ -17,12 +17,14 @@ benchmarks/HISTORY.md.
 The workers are started with "spawn" (a fork of a process whose OpenMP threads have run
 can hang), load the model once, and then answer one request per chunk over a pipe. A
 worker's error comes back to the main process and is raised there: the CLI reports it
-as it would its own.
+as it would its own. A worker whose main process is gone (killed by SIGKILL, which stops
+no worker) ends on its own at once, saying nothing.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import signal
 from multiprocessing.connection import Connection
@@ -32,7 +34,7 @@ from nmt_cli.config import TranslateConfig
 from nmt_cli.decode.lines import InputLine
 from nmt_cli.decode.translator import Translation, Translator, prepare_process
 from nmt_cli.errors import NmtError
-from nmt_cli.machine import workers_cannot_start
+from nmt_cli.machine import exit_with_parent, workers_cannot_start
 from nmt_cli.signals import workers_ignore_interrupts
 
 
@@ -59,7 +61,8 @@ class ParallelTranslator:
         with workers_ignore_interrupts():  # Ctrl-C is the main process's to handle
             for _ in range(cfg.workers - 1):
                 ours, theirs = context.Pipe()
-                process = context.Process(target=_serve, args=(theirs, cfg), daemon=True, name="nmt translate worker")
+                process = context.Process(target=_serve, args=(theirs, cfg, os.getpid()), daemon=True,
+                                          name="nmt translate worker")
                 try:
                     process.start()
                 except OSError as error:  # no process slots or memory left
@@ -107,7 +110,10 @@ class ParallelTranslator:
         busy = []
         for (process, connection), share in zip(self.workers, shares[1:]):
             if share:
-                connection.send(([lines[i] for i in share], source_name))
+                try:
+                    connection.send(([lines[i] for i in share], source_name))
+                except OSError:  # the worker is gone (else the CLI would take it for a closed stdout)
+                    raise _stopped(process) from None
                 busy.append((process, connection, share))
         translations: list[Translation | None] = [None] * len(lines)
         for i, translation in zip(shares[0], self.local.translate([lines[i] for i in shares[0]], source_name)):
@@ -123,18 +129,26 @@ def _answer(process: Any, connection: Connection) -> Any:
     try:
         status, value = connection.recv()
     except (EOFError, OSError):
-        process.join(timeout=5)
-        raise NmtError(f"a translation worker stopped unexpectedly (exit code {process.exitcode})") from None
+        raise _stopped(process) from None
     if status == "error":
         raise value
     return value
 
 
-def _serve(connection: Connection, cfg: TranslateConfig) -> None:
-    """A worker process: load the model, then translate each share sent until None."""
+def _stopped(process: Any) -> NmtError:
+    """The error for a worker that is gone, with its exit code once it is known."""
+    process.join(timeout=5)
+    return NmtError(f"a translation worker stopped unexpectedly (exit code {process.exitcode})")
+
+
+def _serve(connection: Connection, cfg: TranslateConfig, parent: int) -> None:
+    """A worker process of the main process `parent`: load the model, then translate each
+    share sent until None. Once the main process is gone, it ends quietly, whatever it
+    was doing: there is nobody left to answer."""
     import click
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited already where started in the main thread
+    exit_with_parent(parent)  # killed (kill -9, the OOM killer), the main process stops no worker
     prepare_process(cfg)
     loading = True  # the main process gives the warnings that loading gives
 
@@ -145,21 +159,33 @@ def _serve(connection: Connection, cfg: TranslateConfig) -> None:
     try:
         translator = Translator(cfg, warn)
     except BaseException as error:  # noqa: BLE001 - sent to the main process, which raises it
-        connection.send(("error", _sendable(error)))
+        _send(connection, ("error", _sendable(error)))
         return
     loading = False
-    connection.send(("ready", None))
+    if not _send(connection, ("ready", None)):
+        return
     while True:
         try:
             request = connection.recv()
-        except EOFError:  # the main process is gone
+        except (EOFError, OSError):  # the main process is gone
             return
         if request is None:
             return
         try:
-            connection.send(("ok", translator.translate(*request)))
+            answer = ("ok", translator.translate(*request))
         except BaseException as error:  # noqa: BLE001 - as above
-            connection.send(("error", _sendable(error)))
+            answer = ("error", _sendable(error))
+        if not _send(connection, answer):
+            return
+
+
+def _send(connection: Connection, answer: tuple) -> bool:
+    """Send `answer` to the main process; False if it is gone (its end of the pipe closed)."""
+    try:
+        connection.send(answer)
+        return True
+    except OSError:  # BrokenPipeError, ConnectionResetError
+        return False
 
 
 def _sendable(error: BaseException) -> BaseException:

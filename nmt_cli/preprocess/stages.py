@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
 import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,7 @@ from typing import Any
 
 from nmt_cli.data.dictionary import UNK_ID, Dictionary
 from nmt_cli.data.indexed import IndexedDatasetBuilder
-from nmt_cli.machine import workers_cannot_start
+from nmt_cli.machine import exit_with_parent, start_resource_tracker_quietly, workers_cannot_start
 from nmt_cli.preprocess.clean import REASONS, CleanSettings, drop_reason, too_long_to_tokenize
 from nmt_cli.signals import workers_ignore_interrupts
 from nmt_cli.text.bpe import BpeModel
@@ -169,7 +170,10 @@ class JobRunner:
         self._pool = None
         if workers > 1:
             try:
-                self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+                start_resource_tracker_quietly()
+                # The workers end themselves if this process dies without stopping them.
+                self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=exit_with_parent, initargs=(os.getpid(),))
             except OSError as error:  # the pool's queues lock with POSIX semaphores, files in /dev/shm
                 raise workers_cannot_start(error, "their locks need a writable /dev/shm") from None
 
