@@ -320,13 +320,25 @@ def test_round_trip_on_multi30k(tmp_path: Path) -> None:
 
 def test_leftovers_of_dead_runs_are_removed(corpus: Path) -> None:
     dead = corpus / ".data-bin.partial-4194305"  # above Linux's largest pid: no such process
-    dead_replaced = corpus / ".data-bin.old-4194305"  # killed between --force's two renames
     alive = corpus / f".data-bin.partial-{os.getppid()}"  # a running process: maybe another preprocess
-    for leftover in (dead, dead_replaced, alive):
+    for leftover in (dead, alive):
         leftover.mkdir()
         (leftover / "train.en-de.en.bin").write_bytes(b"partial")
     run(config(corpus))
-    assert not dead.exists() and not dead_replaced.exists() and alive.exists()
+    assert not dead.exists() and alive.exists()
+
+
+def test_a_data_bin_a_killed_run_left_renamed_aside_is_back_and_kept(corpus: Path) -> None:
+    """Killed between --force's two renames, a run leaves the old data-bin as .data-bin.old-PID
+    and no data-bin: the next run puts it back, and replaces it only when told to."""
+    replaced = corpus / ".data-bin.old-4194305"
+    replaced.mkdir()
+    (replaced / "mine.txt").write_text("the old data-bin\n")
+    with pytest.raises(NmtError, match="already holds a different dataset"):
+        run(config(corpus))
+    assert not replaced.exists() and (corpus / "data-bin" / "mine.txt").read_text() == "the old data-bin\n"
+    run(config(corpus, force=True))
+    assert not (corpus / "data-bin" / "mine.txt").exists() and (corpus / "data-bin" / "meta.json").is_file()
 
 
 @pytest.mark.parametrize("joined", [True, False])
