@@ -47,10 +47,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 LOADS_TORCH = frozenset({"info", "train", "translate", "generate", "average", "import-fairseq", "import-marian",
                          "export", "serve"})
 
-# OS errors that report the state of the machine (disk full, read-only, no permission)
-# or a path given that cannot name a file (too long, a loop of links, a file as a directory).
+# OS errors that report the state of the machine (disk full, read-only, no permission, no
+# file descriptors left) or a path given that cannot name a file (too long, a loop of links,
+# a file as a directory).
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG, errno.EACCES, errno.EPERM,
-                                errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR})
+                                errno.EMFILE, errno.ENFILE, errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR})
 
 
 class LazyGroup(click.Group):

@@ -402,6 +402,13 @@ def test_cli_reports_full_or_read_only_disks_in_one_line_and_keeps_bugs_visible(
     result = nmt(["info", "--arch", "transformer_tiny"])
     assert_one_error(result.exit_code, result.stderr, "Read-only file system: /data/run/checkpoint_last.pt")
 
+    def no_descriptors(*args):  # the process's open-file limit reached (ulimit -n)
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), "/data/out/.hyp.txt.77.tmp")
+
+    monkeypatch.setattr(info_module, "describe", no_descriptors)
+    result = nmt(["info", "--arch", "transformer_tiny"])
+    assert_one_error(result.exit_code, result.stderr, "Too many open files: /data/out/.hyp.txt.77.tmp")
+
     def missing(*args):  # not the machine's state: a bug, whose traceback must stay visible
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), "x")
 
