@@ -368,3 +368,31 @@ def test_torch_write_failures_say_why(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert str(failure.value) == "File too large"
     assert write_failure_reason(from_torch.value) == "File too large"  # not "unexpected pos 704 vs 598"
+
+
+def previous_save(run: Path) -> None:
+    """A run directory as a save at update 2 leaves it: checkpoint_1_2.pt and checkpoint_last.pt."""
+    for name in ("checkpoint_1_2.pt", "checkpoint_last.pt"):
+        write_checkpoints({**make_state(), "num_updates": 2}, run, [name])
+
+
+@pytest.mark.parametrize("interrupt_at", [PENDING_SAVE, "checkpoint_1_3.pt"])
+def test_a_save_interrupted_once_its_journal_is_in_place_is_finished(tmp_path, monkeypatch, interrupt_at):
+    """Ctrl-C just after the journal or one of its renames: the save goes on to its end (deleting
+    what retention dooms), where its files were deleted and the journal then deleted checkpoint_1_2.pt."""
+    previous_save(tmp_path)
+    real_replace, interrupted = os.replace, []
+
+    def replace_then_interrupt(src, dst):
+        real_replace(src, dst)
+        if Path(dst).name == interrupt_at and not interrupted:
+            interrupted.append(dst)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("nmt_cli.staging.os.replace", replace_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        write_checkpoints({**make_state(), "num_updates": 3}, tmp_path, ["checkpoint_1_3.pt", "checkpoint_last.pt"],
+                          doomed=["checkpoint_1_2.pt"])
+    assert interrupted
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_3.pt", "checkpoint_last.pt"]
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["num_updates"] == 3

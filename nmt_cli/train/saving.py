@@ -20,6 +20,7 @@ from nmt_cli.config import ModelConfig, TrainConfig
 from nmt_cli.data.meta import text_files
 from nmt_cli.data.pairs import DataBin
 from nmt_cli.errors import NmtError
+from nmt_cli.signals import Terminated
 from nmt_cli.staging import (fsync_directory, fsync_path, replace_atomically, replace_keeping_permissions,
                              start_private_file, temp_sibling)
 
@@ -90,9 +91,11 @@ def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str], d
     checkpoint_last.pt (what a resumed run trusts) last; then the numbered checkpoints
     `doomed` by retention are deleted; then the journal goes. Killed before the journal
     exists, the previous save stands and its temporary files are swept; killed after, the
-    next start finishes the renames and deletions (`finish_pending_save`).
+    next start finishes the renames and deletions (`finish_pending_save`). Interrupted
+    (Ctrl-C, SIGTERM) after, the save is finished before the interrupt goes on.
     """
     temps = [temp_sibling(save_dir / name) for name in names]
+    journal = None
     try:
         for name, tmp in zip(names, temps):  # private while written where they replace files (maybe private)
             try:
@@ -113,10 +116,30 @@ def write_checkpoints(state: dict[str, Any], save_dir: Path, names: list[str], d
         except OSError as error:
             raise NmtError(f"cannot write {save_dir / PENDING_SAVE}: {error.strerror or error}") from None
     except BaseException:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+        if journal is not None and _holds(save_dir / PENDING_SAVE, journal):
+            _finish_despite_interrupts(save_dir)  # interrupted once it was in place: the save is taken
+        else:
+            for tmp in temps:
+                tmp.unlink(missing_ok=True)
         raise
-    finish_pending_save(save_dir)
+    _finish_despite_interrupts(save_dir)
+
+
+def _holds(path: Path, text: str) -> bool:
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except OSError:
+        return False
+
+
+def _finish_despite_interrupts(save_dir: Path) -> None:
+    """`finish_pending_save`, the renames ended before a Ctrl-C or SIGTERM that comes within
+    them goes on: stopped there, the run directory would mix two saves until its next start."""
+    try:
+        finish_pending_save(save_dir)
+    except (KeyboardInterrupt, Terminated):
+        finish_pending_save(save_dir)  # it takes up where it was: each step is done once
+        raise
 
 
 def finish_pending_save(save_dir: Path) -> None:
