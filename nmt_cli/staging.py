@@ -97,6 +97,9 @@ def build_then_publish(dest: Path, write: Callable[[Path], T], describe: Callabl
         staging = create_staging(dest)
     except OSError as error:
         raise NmtError(describe(error)) from None
+    except BaseException:  # interrupted, maybe just after making it
+        remove_entry(partial_sibling(dest))
+        raise
     try:
         result = write(staging)
         publish(staging, dest)
@@ -222,14 +225,15 @@ def publish(staging: Path, dest: Path) -> None:
         if old is not None:
             os.rename(dest, old)
         os.rename(staging, dest)
-    except BaseException:  # Ctrl-C, SIGTERM or an OS error between the two renames
+        if stands_in_dest:
+            os.chdir(dest)
+    except BaseException:  # Ctrl-C, SIGTERM or an OS error between the two renames: the old output is back
         if old is not None and not os.path.lexists(dest) and os.path.lexists(old):
             os.rename(old, dest)
         raise
-    if stands_in_dest:
-        os.chdir(dest)
-    if old is not None:
-        remove_entry(old)
+    finally:
+        if old is not None and os.path.lexists(old) and os.path.lexists(dest):  # the new output stands
+            remove_entry(old)
 
 
 def remove_dead_leftovers(dest: Path) -> None:

@@ -119,3 +119,29 @@ def test_the_old_output_of_a_run_killed_between_the_two_renames_goes_back_into_p
     assert check_destination(dest, "OUT", "the old output", False, recorded=lambda d: (d / "id").read_text())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert (dest / "id").read_text() == "the old output"
+
+
+@pytest.mark.parametrize("step", ["made the staging directory", "published"])
+def test_an_interrupt_just_after_a_step_of_a_publish_leaves_no_hidden_copy(tmp_path: Path, monkeypatch, step) -> None:
+    dest = tmp_path / "out"
+    build_then_publish(dest, writing("old\n"), str)
+    real_mkdir, real_rename = Path.mkdir, os.rename
+
+    def mkdir_then_interrupt(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.name.startswith(f".out{PARTIAL}"):
+            raise KeyboardInterrupt
+
+    def rename_then_interrupt(source, target):
+        real_rename(source, target)
+        if Path(target) == dest:
+            raise KeyboardInterrupt
+
+    if step == "made the staging directory":
+        monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
+    else:
+        monkeypatch.setattr(staging_module.os, "rename", rename_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        build_then_publish(dest, writing("new\n"), str)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (dest / "out.txt").read_text() == ("old\n" if step == "made the staging directory" else "new\n")
