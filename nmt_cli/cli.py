@@ -20,7 +20,8 @@ import click
 
 from nmt_cli import __version__
 from nmt_cli.errors import NmtError, one_line
-from nmt_cli.signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, import_torch, signals_held, terminate_by_exception
+from nmt_cli.signals import (EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated, import_torch, signals_held,
+                             terminate_by_exception)
 from nmt_cli.streams import guard_standard_streams, utf8_stdout
 
 # name -> (module under nmt_cli.commands, one-line help shown by `nmt --help`)
@@ -97,6 +98,7 @@ class LazyGroup(click.Group):
 
 
 def _importing_torch_first(callback: Callable) -> Callable:
+    """`callback`, run once torch is loaded with the signals held (a LOADS_TORCH command's)."""
     @functools.wraps(callback)
     def run(*args, **kwargs):
         import_torch()

@@ -5,8 +5,9 @@ killed while replacing an earlier output, `.NAME.old-PID`) for a directory, and 
 `nmt binarize`'s pair of files `.PREFIX.partial-PID.bin/.idx`; `.NAME.PID.tmp` for a
 file; never a destination that looks complete. The next run removes such leftovers
 once their process is gone, and puts an `.old-PID` back where its replacement never
-arrived (a run killed between `publish`'s two renames; an interrupted one puts it back itself). A NAME too long to leave room for what these add is cut
-(`hidden_stem`), so that any name the file system takes can be published.
+arrived (a run killed between `publish`'s two renames; an interrupted one puts it back
+itself). A NAME too long to leave room for what these add is cut (`hidden_stem`), so
+that any name the file system takes can be published.
 
 An output that replaces another keeps that one's permissions, as `cp` onto an existing
 file does (`keep_permissions`), and is private while it is built (`start_private_file`,
