@@ -20,8 +20,9 @@ import importlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
 EXIT_INTERRUPTED = 128 + signal.SIGINT
@@ -36,49 +37,41 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def terminate_by_exception() -> Iterator[None]:
-    """Within the block, SIGTERM raises `Terminated` (in the main thread; elsewhere a no-op)."""
+def _in_main_thread(change: Callable[[], Any], restore: Callable[[Any], object]) -> Iterator[None]:
+    """Within the block, what `change()` sets, then `restore(what it returned)`; in the main
+    thread, which alone runs Python's signal handlers (elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = change()
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        restore(previous)
 
 
-@contextmanager
-def workers_ignore_interrupts() -> Iterator[None]:
+def terminate_by_exception() -> AbstractContextManager[None]:
+    """Within the block, SIGTERM raises `Terminated`."""
+    return _in_main_thread(lambda: signal.signal(signal.SIGTERM, _raise_terminated),
+                           lambda previous: signal.signal(signal.SIGTERM, previous))
+
+
+def workers_ignore_interrupts() -> AbstractContextManager[None]:
     """Processes started within the block ignore Ctrl-C from their first instruction on.
 
     A spawned Python process whose SIGINT is ignored from the start installs no
     KeyboardInterrupt handler, so a Ctrl-C while it starts up prints no traceback. The
     main process ignores SIGINT too for the milliseconds the block lasts.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    return _in_main_thread(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+                           lambda previous: signal.signal(signal.SIGINT, previous))
 
 
-@contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held() -> AbstractContextManager[None]:
     """SIGINT and SIGTERM held within the block; one that came meanwhile is delivered at
-    its end (KeyboardInterrupt, Terminated). In the main thread, which alone runs
-    Python's signal handlers; elsewhere a no-op."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    its end (KeyboardInterrupt, Terminated)."""
+    return _in_main_thread(lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}),
+                           lambda previous: signal.pthread_sigmask(signal.SIG_SETMASK, previous))
 
 
 def import_torch() -> None:

@@ -381,13 +381,27 @@ def signal_when_workers_run(args: list, signum: int, rng: random.Random, workers
     return process.returncode, stderr.decode(), group_members(process.pid)
 
 
+def translate_with_two_workers(shared: dict, tmp_path: Path, lines: int) -> list:
+    """translate's arguments for `lines` lines of input, with --workers 2."""
+    source = tmp_path / "in.txt"
+    source.write_text("w1 w2 w3 w4 w5 w6\n" * lines, encoding="utf-8")
+    return ["translate", "--path", shared["checkpoint"], "--device", "cpu", "--beam", "2", "--workers", "2",
+            "-i", source, "-o", tmp_path / "out.txt"]
+
+
+def preprocess_with_two_workers(tmp_path: Path) -> list:
+    """preprocess's arguments for a corpus of 400,000 pairs in tmp_path, with --workers 2."""
+    lines = "".join(f"w{i % 7} w{i % 5} w{i % 3} w{i % 11}\n" for i in range(400_000))
+    (tmp_path / "raw.en").write_text(lines, encoding="utf-8")
+    (tmp_path / "raw.de").write_text(lines, encoding="utf-8")
+    return ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "raw", "--destdir", tmp_path / "out",
+            "--joined-dictionary", "--bpe", "none", "--workers", "2"]
+
+
 @pytest.mark.skipif(usable_cpus() < 2, reason="--workers 2 needs two CPUs")
 @pytest.mark.parametrize("signum, status, line", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")])
 def test_a_signal_stops_translate_and_its_workers(shared, tmp_path, signum, status, line):
-    source = tmp_path / "in.txt"
-    source.write_text("w1 w2 w3 w4 w5 w6\n" * 200_000, encoding="utf-8")
-    args = ["translate", "--path", shared["checkpoint"], "--device", "cpu", "--beam", "2", "--workers", "2",
-            "-i", source, "-o", tmp_path / "out.txt"]
+    args = translate_with_two_workers(shared, tmp_path, 200_000)
     code, stderr, left = signal_when_workers_run(args, signum, random.Random(f"{SEED}-{signum}"), workers=1)
     assert code == status, stderr
     assert stderr.strip().splitlines() == [line], stderr
@@ -396,11 +410,7 @@ def test_a_signal_stops_translate_and_its_workers(shared, tmp_path, signum, stat
 
 @pytest.mark.skipif(usable_cpus() < 2, reason="--workers 2 needs two CPUs")
 def test_sigterm_stops_preprocess_and_its_workers(tmp_path):
-    lines = "".join(f"w{i % 7} w{i % 5} w{i % 3} w{i % 11}\n" for i in range(400_000))
-    (tmp_path / "raw.en").write_text(lines, encoding="utf-8")
-    (tmp_path / "raw.de").write_text(lines, encoding="utf-8")
-    args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "raw", "--destdir", tmp_path / "out",
-            "--joined-dictionary", "--bpe", "none", "--workers", "2"]
+    args = preprocess_with_two_workers(tmp_path)
     code, stderr, left = signal_when_workers_run(args, signal.SIGTERM, random.Random(SEED), workers=2)
     assert code == 143, stderr
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "terminated", stderr
@@ -454,10 +464,7 @@ def kill_when_workers_run(args: list, workers: int, delay: float, log: Path) -> 
 @pytest.mark.parametrize("moment, delay", [("loading", 0.0), ("translating", 3.0)])
 def test_translate_workers_end_quietly_when_the_main_process_is_killed(shared, tmp_path, moment, delay):
     # At once, the worker is still loading the model; 3 s on, it is translating its share.
-    source = tmp_path / "in.txt"
-    source.write_text("w1 w2 w3 w4 w5 w6\n" * 50_000, encoding="utf-8")
-    args = ["translate", "--path", shared["checkpoint"], "--device", "cpu", "--beam", "2", "--workers", "2",
-            "--quiet", "-i", source, "-o", tmp_path / "out.txt"]
+    args = translate_with_two_workers(shared, tmp_path, 50_000) + ["--quiet"]
     after_kill, left = kill_when_workers_run(args, 1, delay, tmp_path / "stderr.txt")
     assert after_kill == "", after_kill
     assert left == []
@@ -465,11 +472,7 @@ def test_translate_workers_end_quietly_when_the_main_process_is_killed(shared, t
 
 @pytest.mark.skipif(usable_cpus() < 2, reason="--workers 2 needs two CPUs")
 def test_preprocess_workers_end_quietly_when_the_main_process_is_killed(tmp_path):
-    lines = "".join(f"w{i % 7} w{i % 5} w{i % 3} w{i % 11}\n" for i in range(400_000))
-    (tmp_path / "raw.en").write_text(lines, encoding="utf-8")
-    (tmp_path / "raw.de").write_text(lines, encoding="utf-8")
-    args = ["preprocess", "-s", "en", "-t", "de", "--trainpref", tmp_path / "raw", "--destdir", tmp_path / "out",
-            "--joined-dictionary", "--bpe", "none", "--workers", "2"]
+    args = preprocess_with_two_workers(tmp_path)
     # Nothing after the kill: neither a worker nor the pool's resource tracker, which
     # removes the pool's semaphores once the workers are gone, says anything.
     after_kill, left = kill_when_workers_run(args, 2, 0.3, tmp_path / "stderr.txt")
