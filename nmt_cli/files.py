@@ -211,21 +211,22 @@ def published_output(path: str, mode: str = "wb", flag: str = "--output") -> Ite
             yield stream
         return
     target = Path(os.path.realpath(path))  # through a link: replace the file it names, keep the link
-    body_done = False
+    in_body = False
     try:
-        with published_on_success(target) as tmp:
+        with published_on_success(target) as tmp:  # which makes the hidden temporary file
             try:
                 stream = open(tmp, "wb") if mode == "wb" else open(tmp, "w", encoding="utf-8", newline="\n")
             except OSError as error:
                 raise NmtError(f"cannot write {path}: {error.strerror or error}") from None
+            in_body = True
             try:
                 yield stream
             except BaseException:
                 close_quietly(stream)
                 raise
-            body_done = True
+            in_body = False
             stream.close()
     except OSError as error:
-        if not body_done:
+        if in_body:
             raise  # the command's own failure, not the output's
         raise NmtError(f"cannot write {path}: {error.strerror or error}") from None

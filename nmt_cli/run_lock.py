@@ -39,13 +39,20 @@ def directory_lock(directory: Path, flag: str) -> Iterator[None]:
     lock_path = lock_path_for(directory)
     fd = _acquire(lock_path, directory, flag)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+        except OSError as error:
+            raise NmtError(f"cannot write to {flag} {directory}: {error.strerror or error} ({lock_path})") from None
         yield
     finally:
         # Removed while still held, so that a process that opened this file meanwhile finds,
         # once it gets the lock, that the file is no longer the lock file, and tries again.
-        lock_path.unlink(missing_ok=True)
+        # A file that cannot be removed is still no lock once closed: the work is done.
+        try:
+            lock_path.unlink(missing_ok=True)
+        except OSError:
+            pass
         os.close(fd)  # releases the lock
 
 

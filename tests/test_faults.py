@@ -417,6 +417,63 @@ def test_cli_reports_full_or_read_only_disks_in_one_line_and_keeps_bugs_visible(
     assert isinstance(result.exception, FileNotFoundError)
 
 
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_lock_that_cannot_be_written_names_the_directory_and_one_that_cannot_be_removed_fails_nothing(
+        tmp_path, monkeypatch):
+    from nmt_cli.errors import NmtError
+    from nmt_cli.run_lock import directory_lock, lock_path_for
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        patch.setattr("nmt_cli.run_lock.os.pwrite", no_space)
+        with pytest.raises(NmtError, match=rf"^cannot write to --out {out}: No space left on device \(.*\.out\.lock\)$"):
+            with directory_lock(out, "--out"):
+                pass
+    real_unlink = Path.unlink
+
+    def unlink(self, missing_ok=False):
+        if self == lock_path_for(out):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(self))
+        real_unlink(self, missing_ok=missing_ok)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "unlink", unlink)
+        with directory_lock(out, "--out"):  # the work done: a lock file left is no failure
+            pass
+    with directory_lock(out, "--out"):  # nor a lock still held by this process
+        pass
+
+
+def test_a_hidden_output_file_that_cannot_be_made_is_the_outputs_error(tmp_path, monkeypatch):
+    from nmt_cli.errors import NmtError
+    from nmt_cli.files import published_output
+
+    target = tmp_path / "hyp.txt"
+    target.write_text("old\n")
+    real_open = os.open
+    monkeypatch.setattr("nmt_cli.staging.os.open", lambda path, *args: no_space() if str(path).endswith(".tmp")
+                        else real_open(path, *args))
+    with pytest.raises(NmtError, match=rf"^cannot write {target}: No space left on device$"):
+        with published_output(str(target), "w"):
+            pass
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["hyp.txt"]
+
+
+def test_a_run_directory_that_cannot_be_prepared_names_the_file_being_written(tmp_path, data_bin, monkeypatch):
+    def copy_fails(source, destination):  # as shutil does on a full disk: the source's name
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(source))
+
+    monkeypatch.setattr("nmt_cli.train.saving.shutil.copyfile", copy_fails)
+    run = tmp_path / "run"
+    result = nmt(["train", data_bin, "--save-dir", run, *TINY, "--max-update", "1"])
+    line = assert_one_error(result.exit_code, result.stderr,
+                            f"cannot prepare run directory {run}: cannot write {run}/")
+    assert line.endswith(": No space left on device") and str(data_bin) not in line
+
+
 # --- safe loading ----------------------------------------------------------------------------
 
 

@@ -236,6 +236,15 @@ def test_runs_are_named_apart_when_their_logs_share_a_folder(tmp_path: Path, two
     assert [run.name for run in read_runs((".", "train_log.jsonl"))] == [str(two_runs[0].resolve())] * 2
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full, a device that is always full")
+def test_plot_onto_a_full_device_is_one_error_line_naming_it(tmp_path: Path, two_runs: list[Path]) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "curves.svg"
+    out.symlink_to("/dev/full")
+    result = CliRunner().invoke(main, ["plot", *map(str, two_runs), "-o", str(out)])
+    assert_one_error(result.exit_code, result.stderr, f"cannot write {out}: No space left on device")
+
+
 def test_plot_of_a_real_run(tmp_path: Path, data_bin: Path) -> None:
     pytest.importorskip("matplotlib")
     run = tmp_path / "run"

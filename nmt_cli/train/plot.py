@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nmt_cli.config import PlotConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.files import published_output
+from nmt_cli.files import published_output, write_output
 from nmt_cli.train.curves import Curve, RunCurves, read_runs
 
 EXTRA_HINT = "pip install 'nmt-cli[plot]'"
@@ -33,7 +33,7 @@ def plot(cfg: PlotConfig) -> Path:
         svg = _render(figure, "svg", cfg.dpi)
         content = svg if suffix == ".svg" else html_page(svg, [run.name for run in runs])
     with published_output(cfg.output, "wb") as out:
-        out.write(content)
+        write_output(out, content, cfg.output)
     return Path(cfg.output)
 
 

@@ -50,12 +50,16 @@ def prepare_run_dir(save_dir: Path, data: DataBin, cfg: TrainConfig, model_cfg: 
     # A BPE file that meta.json names outside the data-bin itself is not the run's to copy.
     names = [p.name for p in text_files(data.path, (data.source_lang, data.target_lang)) if p.parent == data.path]
     config_text = json.dumps(run_config(cfg, model_cfg), indent=2) + "\n"
+    writing = None
     try:
         for name in names:  # text_files lists each once
-            replace_atomically(save_dir / name, partial(shutil.copyfile, data.path / name))
-        replace_atomically(save_dir / "config.json", lambda tmp: tmp.write_text(config_text, encoding="utf-8"))
-    except OSError as error:
-        raise NmtError(f"cannot prepare run directory {save_dir}: {error.strerror or error} ({error.filename})") from None
+            writing = save_dir / name
+            replace_atomically(writing, partial(shutil.copyfile, data.path / name))
+        writing = save_dir / "config.json"
+        replace_atomically(writing, lambda tmp: tmp.write_text(config_text, encoding="utf-8"))
+    except OSError as error:  # its filename may be the copy's source, or none
+        raise NmtError(f"cannot prepare run directory {save_dir}: cannot write {writing}: "
+                       f"{error.strerror or error}") from None
 
 
 def run_config(cfg: TrainConfig, model_cfg: ModelConfig) -> dict[str, Any]:
