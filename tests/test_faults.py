@@ -417,10 +417,6 @@ def test_cli_reports_full_or_read_only_disks_in_one_line_and_keeps_bugs_visible(
     assert isinstance(result.exception, FileNotFoundError)
 
 
-def no_space(*args, **kwargs):
-    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-
 def test_a_lock_that_cannot_be_written_names_the_directory_and_one_that_cannot_be_removed_fails_nothing(
         tmp_path, monkeypatch):
     from nmt_cli.errors import NmtError
@@ -428,7 +424,7 @@ def test_a_lock_that_cannot_be_written_names_the_directory_and_one_that_cannot_b
 
     out = tmp_path / "out"
     with monkeypatch.context() as patch:
-        patch.setattr("nmt_cli.run_lock.os.pwrite", no_space)
+        patch.setattr("nmt_cli.run_lock.os.pwrite", disk_full)
         with pytest.raises(NmtError, match=rf"^cannot write to --out {out}: No space left on device \(.*\.out\.lock\)$"):
             with directory_lock(out, "--out"):
                 pass
@@ -454,7 +450,7 @@ def test_a_hidden_output_file_that_cannot_be_made_is_the_outputs_error(tmp_path,
     target = tmp_path / "hyp.txt"
     target.write_text("old\n")
     real_open = os.open
-    monkeypatch.setattr("nmt_cli.staging.os.open", lambda path, *args: no_space() if str(path).endswith(".tmp")
+    monkeypatch.setattr("nmt_cli.staging.os.open", lambda path, *args: disk_full() if str(path).endswith(".tmp")
                         else real_open(path, *args))
     with pytest.raises(NmtError, match=rf"^cannot write {target}: No space left on device$"):
         with published_output(str(target), "w"):

@@ -61,18 +61,22 @@ def _publish_pair(partial: Path, prefix: Path) -> None:
     try:
         Path(f"{prefix}.idx").unlink(missing_ok=True)
         fsync_directory(prefix.parent)
-        os.replace(f"{partial}.bin", f"{prefix}.bin")
-        fsync_directory(prefix.parent)
-        os.replace(f"{partial}.idx", f"{prefix}.idx")
+        _move_new_pair(partial, prefix)
     except OSError:
         raise
     except BaseException:  # Ctrl-C or SIGTERM once the old .idx may be gone: the new pair goes into place
         if not os.path.exists(f"{prefix}.idx"):
-            if os.path.exists(f"{partial}.bin"):
-                os.replace(f"{partial}.bin", f"{prefix}.bin")
-            os.replace(f"{partial}.idx", f"{prefix}.idx")
+            _move_new_pair(partial, prefix)
         raise
     fsync_directory(prefix.parent)
+
+
+def _move_new_pair(partial: Path, prefix: Path) -> None:
+    """PARTIAL.bin, unless it has moved already, then PARTIAL.idx, to PREFIX.bin/.idx."""
+    if os.path.exists(f"{partial}.bin"):
+        os.replace(f"{partial}.bin", f"{prefix}.bin")
+        fsync_directory(prefix.parent)
+    os.replace(f"{partial}.idx", f"{prefix}.idx")
 
 
 def _remove_files_of_killed_runs(prefix: Path) -> None:
